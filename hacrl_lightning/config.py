@@ -1,0 +1,401 @@
+"""Typed configuration: one dataclass per concern, and `validate()` that reports every problem at once.
+
+Every run is described by a `TrainConfig`. Hydra composes it from YAML (see `configs/` and the
+top-level `agents/` folder) with these dataclasses as the schema; only `scripts/` touches Hydra's
+`DictConfig`, everything in the package receives these typed values.
+
+Deliberately not here: Hydra itself (registration and composition live in `scripts/_hydra.py`),
+and anything that needs a model or a file to be loaded (those checks run where the thing is built).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class AgentConfig:
+    """One agent: a causal LM, its tokenizer and chat template, its optimizer and sampling settings.
+
+    Everything that makes agents different lives here (one YAML file per preset in `agents/`);
+    the framework never asks which model an agent is.
+    """
+
+    model: str = MISSING
+    """Where the weights come from: a hub id (`Qwen/Qwen3-1.7B-Base`), a local directory, or
+    `zoo:<preset>` for an offline tiny agent built by `hacrl_lightning.agents.zoo`."""
+    tokenizer: Optional[str] = None
+    """Tokenizer source when it differs from `model` (same forms as `model`)."""
+    revision: Optional[str] = None
+    dtype: str = "float32"
+    """Parameter dtype: float32, bfloat16 or float16."""
+    trust_remote_code: bool = False
+    max_prompt_len: int = 256
+    """Prompt tokens kept (left-truncated) in this agent's own tokenization."""
+    max_response_len: int = 64
+    """Response tokens generated and trained on (right-truncated) in this agent's tokenization."""
+    chat_template: Optional[str] = None
+    """Jinja chat template overriding the tokenizer's own (null keeps the tokenizer's)."""
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the chat template, e.g. {enable_thinking: false} for Qwen3."""
+    system_prompt: Optional[str] = None
+    # optimizer (AdamW) and schedule
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many optimizer updates of this agent."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip per agent (HACPO_SPEC §6); 0 disables it."""
+    # sampling (HF defaults would add top_k=50: these are explicit)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 means no top-k filtering."""
+    # vLLM engine (GPU backend only)
+    gpu_memory_utilization: float = 0.3
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL algorithm. `name` is a preset of `hacrl_lightning.algorithms.registry` (HACPO_SPEC §9);
+    each preset is also a file in `configs/algorithm/`. The defaults are the paper's HACPO."""
+
+    name: str = "hacpo"
+    share_rollouts: bool = True
+    """True: every learner trains on every agent's responses (HACPO, naive). False: agents train
+    side by side on their own responses only (grpo, gspo, gspo_x2)."""
+    advantage: str = "hacpo"
+    """`hacpo` (capability-aware joint baseline, §4) or `group` (own group mean/std, GRPO/GSPO)."""
+    capability_baseline: bool = True
+    """Weight partners' rewards by omega in the joint baseline (False: omega ≡ 1, `hacpo_no_adv`, `naive`)."""
+    scale_by_std: bool = True
+    baseline_guard: bool = True
+    ratio_level: str = "sequence"
+    """`sequence` (GSPO-style length-normalised ratio) or `token` (GRPO)."""
+    clip_low: float = 3e-4
+    clip_high: float = 4e-4
+    """Own-response ratio clip range [1 - clip_low, 1 + clip_high]."""
+    cross_loss: str = "hacpo"
+    """`hacpo` (Eqs. 12-14: asymmetric stepwise clamp, exponent alpha, omega factor) or `self`
+    (the own-response clipped term applied to cross responses, `naive`)."""
+    alpha: float = 1.0
+    """Exponent of the detached exponential importance weight (0 switches it off)."""
+    delta: float = 0.2
+    """Initial cross-ratio lower bound is 1 - delta."""
+    delta_step: float = 0.025
+    """The lower bound rises by delta_step per mini-batch (stepwise clipping)."""
+    cross_clip: bool = True
+    """Clamp the cross ratio to [lower_m, 1] (False: `hacpo_no_clip`)."""
+    omega_factor: bool = True
+    """Multiply the cross term by omega[j, k] (False: `hacpo_no_omega`)."""
+    rollout_multiplier: int = 1
+    """Responses per prompt are G * rollout_multiplier and mini-batches hold 1/rollout_multiplier
+    of the prompts (gspo_x2 uses 2)."""
+    loss_agg_mode: str = "seq-mean-token-mean"
+    kl_coef: float = 0.0
+    """β of the KL penalty to a frozen reference (0 loads no reference model)."""
+    kl_estimator: str = "k3"
+    capability_window: int = 5
+    """K: steps in the capability moving average (HACPO_SPEC §2)."""
+    capability_floor: float = 1e-8
+    capability_warmup_steps: int = 0
+    omega_min: float = 0.1
+    omega_max: float = 10.0
+    cross_samples_per_prompt: Any = "all"
+    """`all` (the paper) or a positive int: partner responses per prompt a learner trains on,
+    drawn uniformly with a seeded generator, so cost per learner need not grow with n."""
+
+
+@dataclass
+class RolloutConfig:
+    """How responses are generated. Engines speak token ids only (DESIGN §3)."""
+
+    backend: str = "hf"
+    """`hf` (transformers generate; CPU or GPU) or `vllm` (GPU, needs the [vllm] extra)."""
+    group_size: int = 4
+    """G: responses per prompt per agent."""
+    generation_batch_size: int = 64
+    """Sequences generated at once by the HF backend (bounds memory)."""
+    eval_temperature: float = 0.0
+    """0 means greedy for held-out evaluation."""
+
+
+@dataclass
+class DataConfig:
+    """The task: where prompts and gold answers come from, and how responses are rewarded."""
+
+    name: str = "synthetic"
+    """Task name: `synthetic` (offline arithmetic) or a dataset loader registered in `hacrl_lightning.data`."""
+    train_files: List[str] = field(default_factory=list)
+    eval_files: List[str] = field(default_factory=list)
+    reward: str = "exact_match"
+    """Reward function by registered name (`exact_match`, `math_verify`)."""
+    prompts_per_step: int = 8
+    """P: prompts per training step (every agent answers each one G times)."""
+    eval_size: int = 64
+    """Held-out prompts used for evaluation."""
+    train_size: int = 2000
+    """Synthetic task: training prompts generated."""
+    min_digits: int = 1
+    max_digits: int = 2
+    terms: int = 2
+    ops: List[str] = field(default_factory=lambda: ["+", "-"])
+    seed: int = 1234
+    """Seed of the synthetic prompt generator (independent of the training seed)."""
+
+
+@dataclass
+class TrainerConfig:
+    """The Lightning Trainer and the update loop. Budgets count training steps (prompt batches),
+    not Lightning's global_step (which counts one optimizer step per agent update)."""
+
+    steps: int = 30
+    mini_batch_prompts: int = 4
+    """Prompt groups per mini-batch (one optimizer update per learner per mini-batch)."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    """`auto` (single device), `single`, or `fsdp` (ModelParallelStrategy with per-agent FSDP2)."""
+    precision: str = "32-true"
+    eval_every: int = 10
+    """Held-out evaluation every this many steps (0: only before and after training)."""
+    eval_samples: int = 1
+    """k for avg@k / pass@k in periodic evaluation (1: greedy accuracy only)."""
+    checkpoint_every: int = 0
+    """Checkpoint every this many steps (0: only at the end)."""
+    log_every: int = 1
+    max_nonfinite_skips: int = 3
+    export_agents: bool = True
+    """Export each agent as a standalone Hugging Face model dir at the end."""
+
+
+@dataclass
+class TrainConfig:
+    """The root: everything a run needs."""
+
+    agents: Dict[str, AgentConfig] = field(default_factory=dict)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    seed: int = 0
+    run_dir: str = "runs/default"
+    """Where the resolved config, TensorBoard events, checkpoints and exports go."""
+    resume: Optional[str] = None
+    """A checkpoint file or a run directory (its newest checkpoint) to continue from."""
+    zoo_cache: Optional[str] = None
+    """Cache of built tiny agents (default: $HACRL_ZOO_CACHE or ~/.cache/hacrl_lightning/zoo)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# validation
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One configuration problem: the key, the bad value, what is allowed, and how to fix it."""
+
+    key: str
+    value: Any
+    allowed: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: got {self.value!r}; allowed: {self.allowed}; fix: {self.fix}"
+
+
+class _UnknownKey:
+    def __repr__(self) -> str:
+        return "an unknown key"
+
+
+UNKNOWN_KEY = _UnknownKey()
+"""The `value` of a Problem about a key that the schema does not have."""
+
+
+class ConfigError(ValueError):
+    """Raised with every problem found, one per line."""
+
+    def __init__(self, problems: List[Problem]):
+        self.problems = list(problems)
+        lines = [f"{len(self.problems)} configuration problem(s):"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+BACKENDS = ("hf", "vllm")
+STRATEGIES = ("auto", "single", "fsdp")
+ADVANTAGES = ("hacpo", "group")
+RATIO_LEVELS = ("sequence", "token")
+CROSS_LOSSES = ("hacpo", "self")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def suggest(name: str, valid) -> str:
+    """`did you mean 'x'? ` plus the sorted valid names, for messages about unknown names."""
+    valid = sorted(valid)
+    close = difflib.get_close_matches(str(name), valid, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{hint}known: {valid}"
+
+
+def parse_cross_samples(value: Any) -> Optional[int]:
+    """`all` -> None (no cap); a positive int (or its string) -> that int. Raises ValueError otherwise."""
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return None
+    if isinstance(value, bool):
+        raise ValueError(value)
+    number = int(value)
+    if number < 1 or str(number) != str(value).strip():
+        raise ValueError(value)
+    return number
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Check every cross-field rule and raise one `ConfigError` listing all problems; return cfg if fine.
+
+    Unknown keys and wrong types are caught while composing (the dataclasses are Hydra's schema);
+    this covers values and relations between sections. Checks that need a model or a file on disk
+    (tokenizer round-trip, prompt lengths) run when the agents are loaded.
+    """
+    from hacrl_lightning.algorithms.registry import preset_names
+
+    problems: List[Problem] = []
+
+    def bad(key: str, value: Any, allowed: str, fix: str) -> None:
+        problems.append(Problem(key, value, allowed, fix))
+
+    def positive(key: str, value: Any, *, strict: bool = True) -> None:
+        if value is None or (value <= 0 if strict else value < 0):
+            bad(key, value, "> 0" if strict else ">= 0", f"set {key} to a {'positive' if strict else 'non-negative'} number")
+
+    def choice(key: str, value: Any, options) -> None:
+        if value not in options:
+            bad(key, value, f"one of {list(options)}", f"set {key} to one of them")
+
+    # agents
+    if not cfg.agents:
+        bad("agents", [], "at least one agent preset", "select agents, e.g. agents=[tiny_a,tiny_b]")
+    for key, agent in cfg.agents.items():
+        prefix = f"agents.{key}"
+        if "." in key or not key:
+            bad(prefix, key, "a key without dots", "use `# @package agents.<key>` with no dots in the agent file")
+        if not agent.model or agent.model == MISSING:
+            bad(f"{prefix}.model", agent.model, "a hub id, a local dir or zoo:<preset>", f"set {prefix}.model")
+        choice(f"{prefix}.dtype", agent.dtype, DTYPES)
+        positive(f"{prefix}.max_prompt_len", agent.max_prompt_len)
+        positive(f"{prefix}.max_response_len", agent.max_response_len)
+        positive(f"{prefix}.lr", agent.lr, strict=False)
+        positive(f"{prefix}.weight_decay", agent.weight_decay, strict=False)
+        positive(f"{prefix}.grad_clip", agent.grad_clip, strict=False)
+        positive(f"{prefix}.lr_warmup_steps", agent.lr_warmup_steps, strict=False)
+        if len(agent.betas) != 2 or not all(0.0 <= b < 1.0 for b in agent.betas):
+            bad(f"{prefix}.betas", list(agent.betas), "two numbers in [0, 1)", f"e.g. {prefix}.betas=[0.9,0.999]")
+        positive(f"{prefix}.temperature", agent.temperature)
+        if not 0.0 < agent.top_p <= 1.0:
+            bad(f"{prefix}.top_p", agent.top_p, "(0, 1]", f"set {prefix}.top_p=1.0 to disable nucleus sampling")
+        positive(f"{prefix}.top_k", agent.top_k, strict=False)
+        if not 0.0 < agent.gpu_memory_utilization < 1.0:
+            bad(f"{prefix}.gpu_memory_utilization", agent.gpu_memory_utilization, "(0, 1)", "give each agent a share of the GPU")
+
+    # algorithm
+    alg = cfg.algorithm
+    names = preset_names()
+    if alg.name not in names:
+        bad("algorithm.name", alg.name, suggest(alg.name, names), "pick a preset: algorithm=<name>")
+    choice("algorithm.advantage", alg.advantage, ADVANTAGES)
+    choice("algorithm.ratio_level", alg.ratio_level, RATIO_LEVELS)
+    choice("algorithm.cross_loss", alg.cross_loss, CROSS_LOSSES)
+    choice("algorithm.loss_agg_mode", alg.loss_agg_mode, LOSS_AGG_MODES)
+    choice("algorithm.kl_estimator", alg.kl_estimator, KL_ESTIMATORS)
+    positive("algorithm.clip_low", alg.clip_low, strict=False)
+    positive("algorithm.clip_high", alg.clip_high, strict=False)
+    if alg.clip_low >= 1.0:
+        bad("algorithm.clip_low", alg.clip_low, "[0, 1)", "the lower ratio bound is 1 - clip_low and must stay positive")
+    if alg.alpha is None or alg.alpha < 0:
+        bad("algorithm.alpha", alg.alpha, ">= 0", "set algorithm.alpha=0 to switch the exponential weight off")
+    if alg.delta is None or not 0.0 <= alg.delta <= 1.0:
+        bad("algorithm.delta", alg.delta, "[0, 1]", "the cross lower bound 1 - delta must lie in [0, 1]; paper: 0.2 or 0.1")
+    if alg.delta_step is None or alg.delta_step < 0:
+        bad("algorithm.delta_step", alg.delta_step, ">= 0", "set algorithm.delta_step=0 to disable stepwise clipping")
+    if alg.rollout_multiplier < 1:
+        bad("algorithm.rollout_multiplier", alg.rollout_multiplier, "an int >= 1", "use 1 (or 2 for gspo_x2)")
+    positive("algorithm.kl_coef", alg.kl_coef, strict=False)
+    if alg.capability_window < 1:
+        bad("algorithm.capability_window", alg.capability_window, "an int >= 1", "K = 5 in the paper")
+    positive("algorithm.capability_floor", alg.capability_floor)
+    positive("algorithm.capability_warmup_steps", alg.capability_warmup_steps, strict=False)
+    if not 0.0 < alg.omega_min <= 1.0 <= alg.omega_max:
+        bad("algorithm.omega_min/omega_max", (alg.omega_min, alg.omega_max), "0 < omega_min <= 1 <= omega_max",
+            "the paper's clamp is omega_min=0.1, omega_max=10")
+    try:
+        parse_cross_samples(alg.cross_samples_per_prompt)
+    except (TypeError, ValueError):
+        bad("algorithm.cross_samples_per_prompt", alg.cross_samples_per_prompt, "'all' or an int >= 1",
+            "use algorithm.cross_samples_per_prompt=all (the paper) or a cap such as 4")
+    if alg.share_rollouts and len(cfg.agents) < 2:
+        bad("agents", sorted(cfg.agents), f"at least 2 agents for the collaborative algorithm {alg.name!r}",
+            "select more agents (agents=[tiny_a,tiny_b]) or a single-agent algorithm (algorithm=gspo)")
+    if alg.advantage == "hacpo" and not alg.share_rollouts:
+        bad("algorithm.advantage", alg.advantage, "'group' when share_rollouts is false",
+            "the joint HACPO baseline needs shared rollouts: set algorithm.share_rollouts=true or advantage=group")
+
+    # rollout
+    choice("rollout.backend", cfg.rollout.backend, BACKENDS)
+    if cfg.rollout.group_size < 2:
+        bad("rollout.group_size", cfg.rollout.group_size, "an int >= 2 (group baselines need 2 responses)",
+            "set rollout.group_size=8 (the paper) or at least 2")
+    positive("rollout.generation_batch_size", cfg.rollout.generation_batch_size)
+    positive("rollout.eval_temperature", cfg.rollout.eval_temperature, strict=False)
+
+    # data
+    positive("data.prompts_per_step", cfg.data.prompts_per_step)
+    positive("data.eval_size", cfg.data.eval_size)
+    positive("data.train_size", cfg.data.train_size)
+    if cfg.data.min_digits < 1 or cfg.data.max_digits < cfg.data.min_digits:
+        bad("data.min_digits/max_digits", (cfg.data.min_digits, cfg.data.max_digits), "1 <= min_digits <= max_digits",
+            "e.g. data.min_digits=1 data.max_digits=2")
+    if cfg.data.terms < 2:
+        bad("data.terms", cfg.data.terms, "an int >= 2", "arithmetic needs at least two terms")
+    unknown_ops = [op for op in cfg.data.ops if op not in ("+", "-", "*")]
+    if unknown_ops or not cfg.data.ops:
+        bad("data.ops", list(cfg.data.ops), "a non-empty subset of ['+', '-', '*']", "e.g. data.ops=['+','-']")
+
+    # trainer
+    tr = cfg.trainer
+    positive("trainer.steps", tr.steps)
+    positive("trainer.mini_batch_prompts", tr.mini_batch_prompts)
+    positive("trainer.micro_batch_size", tr.micro_batch_size)
+    positive("trainer.devices", tr.devices)
+    positive("trainer.num_nodes", tr.num_nodes)
+    choice("trainer.strategy", tr.strategy, STRATEGIES)
+    positive("trainer.eval_every", tr.eval_every, strict=False)
+    positive("trainer.eval_samples", tr.eval_samples)
+    positive("trainer.checkpoint_every", tr.checkpoint_every, strict=False)
+    positive("trainer.log_every", tr.log_every)
+    positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips)
+    if tr.mini_batch_prompts > 0 and cfg.data.prompts_per_step > 0:
+        mini = tr.mini_batch_prompts
+        if cfg.data.prompts_per_step % mini:
+            bad("trainer.mini_batch_prompts", mini,
+                f"a divisor of data.prompts_per_step={cfg.data.prompts_per_step}",
+                "choose mini_batch_prompts so that prompts_per_step is a multiple of it")
+        elif alg.rollout_multiplier > 1 and mini % alg.rollout_multiplier:
+            bad("trainer.mini_batch_prompts", mini,
+                f"a multiple of algorithm.rollout_multiplier={alg.rollout_multiplier} ({alg.name} halves mini-batches)",
+                f"set trainer.mini_batch_prompts to a multiple of {alg.rollout_multiplier}")
+
+    if problems:
+        raise ConfigError(problems)
+    return cfg

@@ -1,0 +1,186 @@
+"""Hydra composition for the scripts: the only code that touches `DictConfig`.
+
+`compose_config(overrides)` turns command-line overrides into a validated `TrainConfig` with the
+dataclasses of `hacrl_lightning.config` registered as Hydra's structured-config schema. Every
+failure (an unknown key or agent, a wrong type, a bad value) surfaces as one `ConfigError` that
+lists each problem with the key, the value, what is allowed and how to fix it.
+
+The scripts use the compose API rather than `@hydra.main`: the working directory never changes,
+config paths are absolute (runs work from any directory), and errors are ours to word.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any, Dict, Sequence, get_type_hints
+
+import hydra  # noqa: F401  (registers the ${now:...} resolver)
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hacrl_lightning.config import UNKNOWN_KEY, AgentConfig, ConfigError, Problem, TrainConfig, suggest, validate
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "configs"
+GROUPS = ("algorithm", "data", "rollout", "trainer", "experiment", "agents")
+
+
+def register_schema() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def group_options(group: str) -> dict[str, Path]:
+    """Option name -> file for a config group (`agents` is the top-level agents/ folder)."""
+    return {path.stem: path for path in sorted((CONFIG_DIR / group).glob("*.yaml"))}
+
+
+def agent_key(option: str) -> str:
+    """The key an agent file lands under: its `# @package agents.<key>` line."""
+    path = CONFIG_DIR / "agents" / f"{option}.yaml"
+    match = re.search(r"^#\s*@package\s+agents\.(\S+)", path.read_text(), flags=re.M) if path.exists() else None
+    return match.group(1) if match else option
+
+
+def _schema_leaf(path: list[str]) -> tuple[Any, Problem | None]:
+    """The schema type of a dotted override key (e.g. `agents.tiny_b.lr` -> float), or the problem."""
+    node: Any = TrainConfig
+    depth = 0
+    while depth < len(path) and is_dataclass(node):
+        part = path[depth]
+        hints = get_type_hints(node)
+        if part not in hints:
+            key = ".".join(path[: depth + 1])
+            return None, Problem(key, UNKNOWN_KEY, suggest(part, hints), f"check the spelling of {key!r}")
+        node = hints[part]
+        if node == Dict[str, AgentConfig]:
+            node, depth = AgentConfig, depth + 1  # agents.<key>: the key itself is checked when composing
+        depth += 1
+    return (node if depth == len(path) else None), None
+
+
+def _type_problem(key: str, value: Any, hint: Any) -> Problem | None:
+    """A value that cannot become the field's scalar type (int, float, bool)."""
+    ok = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    }
+    words = {bool: ("true or false", "true"), int: ("an integer", "1"), float: ("a number", "0.5")}
+    if hint in ok and value is not None and not ok[hint](value):
+        what, example = words[hint]
+        return Problem(key, value, what, f"write {what}, e.g. {key}={example}")
+    return None
+
+
+def check_overrides(overrides: Sequence[str]) -> list[Problem]:
+    """Every problem in the command-line overrides that can be seen before composing."""
+    problems: list[Problem] = []
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as err:
+        return [Problem("overrides", list(overrides), "key=value pairs", str(err).splitlines()[0])]
+    for ov in parsed:
+        key = ov.key_or_group
+        if key.startswith("hydra") or ov.is_add() or ov.is_delete():
+            continue
+        if key in GROUPS and (CONFIG_DIR / key).is_dir():
+            value = ov.value()
+            options = group_options(key)
+            chosen = value if isinstance(value, list) else [value]
+            for name in chosen:
+                if name is not None and str(name) not in options:
+                    problems.append(Problem(key, name, suggest(str(name), options),
+                                            f"add {CONFIG_DIR / key}/{name}.yaml or pick a known {key} preset"))
+            if key == "agents" and isinstance(value, list) and len(set(map(agent_key, map(str, value)))) != len(value):
+                problems.append(Problem("agents", value, "each agent once", "remove the duplicate agent"))
+            continue
+        hint, problem = _schema_leaf(key.split("."))
+        problem = problem or _type_problem(key, ov.value(), hint)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _problem_from_exception(err: Exception) -> Problem:
+    """Word an OmegaConf/Hydra composition error as a Problem (key, value, allowed, fix)."""
+    inner = err.__cause__
+    text = f"{err}\n{inner or ''}"
+    key = getattr(err, "full_key", None) or getattr(inner, "full_key", None) or ""
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    match = re.search(r"Key '([^']+)' not in '(\w+)'", text)
+    if match:
+        cls = getattr(sys.modules["hacrl_lightning.config"], match.group(2), None)
+        names = [f.name for f in fields(cls)] if cls else []
+        return Problem(key or match.group(1), UNKNOWN_KEY, suggest(match.group(1), names),
+                       "fix the spelling in the YAML file or on the command line")
+    match = re.search(r"Key '([^']+)' is not in struct", text)
+    if match and key.startswith("agents."):
+        return Problem(key, match.group(1), "an agent selected in this run",
+                       f"select it first, e.g. agents=[...,{match.group(1)}], then override {key}.<field>")
+    match = re.search(r"Value '(.*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
+    if match:
+        return Problem(key or "?", match.group(1), f"a value of type {match.group(2)}",
+                       f"give {key or 'the key'} a {match.group(2).lower()}")
+    return Problem(key or "config", first, "a configuration that composes", "see the message")
+
+
+def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
+    """The composed (unvalidated) DictConfig; raises ConfigError for override and composition problems."""
+    problems = check_overrides(overrides)
+    if problems:
+        raise ConfigError(problems)
+    register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return compose(config_name="train", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError([_problem_from_exception(err)]) from None
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """DictConfig -> validated TrainConfig (resolving interpolations such as ${now:...})."""
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:
+        raise ConfigError([_problem_from_exception(err)]) from None
+    return validate(typed)
+
+
+def compose_config(overrides: Sequence[str] = ()) -> tuple[TrainConfig, DictConfig]:
+    """Overrides -> (validated TrainConfig, the DictConfig it came from, for saving)."""
+    dcfg = compose_dictconfig(overrides)
+    return to_train_config(dcfg), dcfg
+
+
+def save_resolved(dcfg: DictConfig, run_dir: Path) -> Path:
+    """Write the resolved config as `config.yaml` in the run directory."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(OmegaConf.to_yaml(dcfg, resolve=True))
+    tmp.replace(path)
+    return path
+
+
+def parse_cli(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """Split `--cfg job` (print the config and exit) from the Hydra overrides."""
+    args = list(argv)
+    show = False
+    for flag in ("--cfg", "-c"):
+        while flag in args:
+            i = args.index(flag)
+            if i + 1 >= len(args) or args[i + 1] != "job":
+                raise SystemExit(f"{flag} takes 'job' (print the composed config): {flag} job")
+            del args[i : i + 2]
+            show = True
+    return args, show
+

@@ -1,0 +1,187 @@
+"""Configuration: every YAML composes and validates; bad input gives one clear error listing every problem."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hacrl_lightning.algorithms.registry import PRESETS
+from hacrl_lightning.config import UNKNOWN_KEY, AgentConfig, ConfigError, TrainConfig, validate
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from hydra_config import CONFIG_DIR, agent_key, compose_config, group_options, save_resolved  # noqa: E402
+
+AGENT_FILES = sorted((REPO / "agents").glob("*.yaml"))
+
+
+def problems_of(overrides):
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides)
+    return info.value.problems
+
+
+# --- every file composes (discovered by glob, so a new file is covered automatically) --------------
+
+
+@pytest.mark.parametrize("group", ["algorithm", "data", "rollout", "trainer", "experiment"])
+def test_every_group_option_composes_and_validates(group):
+    options = group_options(group)
+    assert options, f"configs/{group}/ has no YAML files"
+    for name in options:
+        cfg, _ = compose_config([f"{group}={name}"])
+        assert isinstance(cfg, TrainConfig)
+
+
+@pytest.mark.parametrize("path", AGENT_FILES, ids=[p.stem for p in AGENT_FILES])
+def test_every_agent_preset_composes_and_validates(path):
+    key = agent_key(path.stem)
+    assert "." not in key
+    cfg, _ = compose_config([f"agents=[{path.stem},tiny_a]" if key != "tiny_a" else "agents=[tiny_a,tiny_b]"])
+    assert key in cfg.agents
+    assert isinstance(cfg.agents[key], AgentConfig) and cfg.agents[key].model
+
+
+def test_agents_dir_is_the_agents_group():
+    assert (CONFIG_DIR / "agents").resolve() == (REPO / "agents").resolve()
+    assert set(group_options("agents")) == {p.stem for p in AGENT_FILES}
+
+
+def test_algorithm_files_equal_registry_presets():
+    assert set(group_options("algorithm")) == set(PRESETS)
+    for name, preset in PRESETS.items():
+        cfg, _ = compose_config([f"algorithm={name}", "agents=[tiny_a,tiny_b]"])
+        assert cfg.algorithm == preset, name
+
+
+# --- selecting agents ----------------------------------------------------------------------------
+
+
+def test_three_agents_under_three_keys_with_per_agent_override():
+    cfg, _ = compose_config(["agents=[tiny_a,tiny_b,tiny_c]", "agents.tiny_b.lr=3e-4"])
+    assert list(cfg.agents) == ["tiny_a", "tiny_b", "tiny_c"]
+    assert cfg.agents["tiny_b"].lr == pytest.approx(3e-4)
+    assert cfg.agents["tiny_a"].lr != pytest.approx(3e-4)
+    assert cfg.agents["tiny_a"].model != cfg.agents["tiny_c"].model
+
+
+def test_file_name_with_a_dot_lands_under_a_key_without_one():
+    assert (REPO / "agents" / "qwen3_1.7b.yaml").exists()
+    cfg, _ = compose_config(["agents=[qwen3_1.7b,tiny_a]", "agents.qwen3_1_7b.lr=2e-6"])
+    assert set(cfg.agents) == {"qwen3_1_7b", "tiny_a"}
+    assert cfg.agents["qwen3_1_7b"].lr == pytest.approx(2e-6)
+
+
+def test_experiment_overrides_agents():
+    cfg, _ = compose_config(["experiment=three_tiny"])
+    assert list(cfg.agents) == ["tiny_a", "tiny_b", "tiny_c"]
+
+
+# --- clear errors --------------------------------------------------------------------------------
+
+
+def test_misspelt_keys_are_all_reported_with_a_suggestion():
+    problems = problems_of(["agents.tiny_b.lrr=3e-4", "trainer.stepz=3"])
+    assert [p.key for p in problems] == ["agents.tiny_b.lrr", "trainer.stepz"]
+    assert all(p.value is UNKNOWN_KEY for p in problems)
+    assert "did you mean 'lr'" in problems[0].allowed
+    assert "did you mean 'steps'" in problems[1].allowed
+
+
+def test_unknown_agent_lists_the_known_ones():
+    (problem,) = problems_of(["agents=[tiny_a,tiny_x]"])
+    assert problem.key == "agents" and problem.value == "tiny_x"
+    for known in ("tiny_a", "tiny_b", "tiny_c"):
+        assert known in problem.allowed
+
+
+def test_wrong_types_are_reported_together():
+    problems = problems_of(["trainer.steps=abc", "agents.tiny_a.lr=[1]", "trainer.export_agents=3"])
+    assert {p.key: p.allowed for p in problems} == {
+        "trainer.steps": "an integer",
+        "agents.tiny_a.lr": "a number",
+        "trainer.export_agents": "true or false",
+    }
+
+
+def test_override_of_an_unselected_agent_says_to_select_it():
+    (problem,) = problems_of(["agents.tiny_c.lr=0.1"])
+    assert problem.key == "agents.tiny_c"
+    assert "agents=[" in problem.fix
+
+
+def test_duplicate_agents_and_unknown_algorithm():
+    (problem,) = problems_of(["agents=[tiny_a,tiny_a]"])
+    assert "duplicate" in problem.fix
+    (problem,) = problems_of(["algorithm=hacpox"])
+    assert "did you mean 'hacpo'" in problem.allowed
+
+
+def test_cross_field_errors_are_collected_in_one_error():
+    problems = problems_of([
+        "agents=[tiny_a]",  # one agent with a collaborative algorithm
+        "rollout.group_size=1",
+        "trainer.mini_batch_prompts=3",  # does not divide prompts_per_step=8
+        "algorithm.delta=1.5",
+        "algorithm.alpha=-1",
+        "agents.tiny_a.lr=-0.1",
+        "algorithm.capability_window=0",
+        "algorithm.cross_samples_per_prompt=0",
+    ])
+    keys = [p.key for p in problems]
+    assert keys == [
+        "agents.tiny_a.lr", "algorithm.alpha", "algorithm.delta", "algorithm.capability_window",
+        "algorithm.cross_samples_per_prompt", "agents", "rollout.group_size", "trainer.mini_batch_prompts",
+    ]
+    message = str(ConfigError(problems))
+    assert message.startswith("8 configuration problem(s)")
+    assert "algorithm=gspo" in message  # how to fix the one-agent case
+
+
+def test_single_agent_algorithm_accepts_one_agent_and_gspo_x2_needs_even_mini_batches():
+    cfg, _ = compose_config(["agents=[tiny_a]", "algorithm=gspo"])
+    assert list(cfg.agents) == ["tiny_a"]
+    problems = problems_of(["algorithm=gspo_x2", "trainer.mini_batch_prompts=1"])
+    assert problems[0].key == "trainer.mini_batch_prompts" and "rollout_multiplier" in problems[0].allowed
+
+
+def test_validate_is_a_pure_function_of_the_dataclasses():
+    base = TrainConfig(agents={"a": AgentConfig(model="zoo:tiny_a"), "b": AgentConfig(model="zoo:tiny_b")})
+    assert validate(base) is base
+    with pytest.raises(ConfigError, match="algorithm.name"):
+        validate(replace(base, algorithm=replace(base.algorithm, name="nope")))
+
+
+# --- the script ----------------------------------------------------------------------------------
+
+
+def run_train(args, cwd):
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_train_script_reports_bad_config_without_traceback(tmp_path):
+    result = run_train(["agents=[tiny_a]", "trainer.stepz=1", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "trainer.stepz" in result.stderr and "did you mean 'steps'" in result.stderr
+    assert not (tmp_path / "run").exists()  # nothing written for a bad config
+
+
+def test_train_script_from_another_directory_saves_resolved_config_and_shows_cfg(tmp_path):
+    shown = run_train(["--cfg", "job", "agents=[tiny_a,tiny_b,tiny_c]"], cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "tiny_c:" in shown.stdout and "algorithm:" in shown.stdout and "${" not in shown.stdout
+
+
+def test_resolved_config_is_saved_without_interpolations(tmp_path):
+    cfg, dcfg = compose_config(["agents=[tiny_a,tiny_b]"])
+    saved = save_resolved(dcfg, tmp_path / "run")
+    text = saved.read_text()
+    assert "${" not in text and "tiny_b:" in text
+    assert cfg.run_dir.startswith("runs/")  # ${now:...} resolved
