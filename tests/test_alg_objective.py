@@ -1,0 +1,192 @@
+"""`hacpo_loss`, the trainer's one entry point: hand-computed mixed batches under each preset."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from hacrl_lightning.algorithms import get_preset, hacpo_loss
+
+D = torch.float64
+INF = float("inf")
+
+
+def rows(means, lengths, width):
+    """logp [B, T] with every token of row b equal to means[b] (so its mean is means[b]), padding -inf."""
+    logp = torch.full((len(means), width), -INF, dtype=D)
+    mask = torch.zeros(len(means), width, dtype=torch.bool)
+    for b, (mean, length) in enumerate(zip(means, lengths)):
+        logp[b, :length] = mean
+        mask[b, :length] = True
+    return logp, mask
+
+
+# a learner's mini-batch: two own responses, then two of partners (own first)
+LENGTHS = [2, 3, 1, 4]
+NEW_MEANS = [-1.0, -1.0, -2.0, -2.0]
+OLD_MEANS = torch.tensor([-1.0, -1.1, -1.9, -1.5], dtype=D)  # s = 1, e^.1, e^-.1, e^-.5
+ADV = torch.tensor([1.0, 2.0, -1.0, 1.0], dtype=D)
+IS_OWN = torch.tensor([True, True, False, False])
+OMEGA = torch.tensor([1.0, 1.0, 0.5, 2.0], dtype=D)  # omega[source, learner] per response
+
+
+def run(cfg, *, m=1, means=NEW_MEANS, **kw):
+    logp, mask = rows(means, LENGTHS, 4)
+    logp.requires_grad_(True)
+    inputs = dict(
+        logp_new=logp, loss_mask=mask, advantages=ADV, is_own=IS_OWN, old_logp_mean=OLD_MEANS, omega_factor=OMEGA
+    )
+    inputs.update(kw)
+    loss, metrics = hacpo_loss(cfg=cfg, m=m, **inputs)
+    (grad,) = torch.autograd.grad(loss, logp)
+    return loss.detach(), metrics, torch.where(mask, grad, torch.zeros_like(grad))
+
+
+def test_hacpo_mixed_batch_by_hand():
+    loss, metrics, grad = run(get_preset("hacpo"), m=1)  # lower_1 = .8 + .025 = .825
+    s2 = math.exp(-0.1)  # .904837, inside [.825, 1]
+    terms = [
+        1.0,  # own, s = 1: min(1·1, 1·1)
+        1.0004 * 2.0,  # own, s = e^.1 = 1.105 > 1 + 4e-4 with A = 2 > 0: clipped -> 2.0008
+        s2 * s2 * 0.5 * -1.0,  # cross inside: s · sg(s) · ω · A = e^-.2 · .5 · -1 = -.409365
+        0.825 * 0.825 * 2.0 * 1.0,  # cross, s = e^-.5 = .6065 < .825: c = .825 -> 1.36125
+    ]
+    assert loss.item() == pytest.approx(-sum(terms) / 4)  # seq-mean-token-mean over 4 sequences
+    # d loss / d logp[b, t] = -(1/4) · d term_b / d log s_b · (1 / |y_b|)
+    expected = torch.zeros(4, 4, dtype=D)
+    expected[0, :2] = -(1 / 4) * 1.0 / 2  # s · A = 1
+    expected[2, :1] = -(1 / 4) * terms[2] / 1  # inside: sg(c)^2 · ω · A = term
+    torch.testing.assert_close(grad, expected)  # rows 1 and 3 are clipped: no gradient
+
+    assert metrics["clip/self_high_frac"].item() == 0.5 and metrics["clip/self_low_frac"].item() == 0.0
+    assert metrics["clip/cross_low_frac"].item() == 0.5 and metrics["clip/cross_high_frac"].item() == 0.0
+    assert metrics["clip/cross_frac"].item() == 0.5
+    assert metrics["ratio/cross_min"].item() == pytest.approx(math.exp(-0.5))
+    assert metrics["ratio/self_max"].item() == pytest.approx(math.exp(0.1))
+    assert metrics["omega/cross_mean"].item() == pytest.approx(1.25)
+    assert metrics["clip/cross_lower"].item() == pytest.approx(0.825)
+    assert (metrics["count/self"].item(), metrics["count/cross"].item()) == (2, 2)
+    assert not any(value.requires_grad for value in metrics.values())
+
+
+def test_naive_uses_the_own_term_for_cross_responses():
+    loss, metrics, grad = run(get_preset("naive"), m=1)
+    terms = [
+        1.0,
+        2.0008,
+        -0.9997,  # s = .9048 < 1 - 3e-4 with A = -1: min(-.9048, -.9997) = -.9997 (clipped)
+        math.exp(-0.5),  # s = .6065 with A = 1: min(.6065, .9997) = .6065 (not clipped, no omega, no alpha)
+    ]
+    assert loss.item() == pytest.approx(-sum(terms) / 4)
+    assert grad[3, 0].item() == pytest.approx(-(1 / 4) * math.exp(-0.5) / 4)  # d(s·A)/dlog s = s
+    assert metrics["clip/cross_low_frac"].item() == 0.5  # row 2 (s low, A < 0)
+    assert "clip/cross_lower" not in metrics and "omega/cross_mean" not in metrics
+
+
+def test_kl_applies_to_own_responses_only():
+    cfg = replace(get_preset("hacpo"), kl_coef=0.1, kl_estimator="k1")
+    logp, _ = rows(NEW_MEANS, LENGTHS, 4)
+    ref = logp - 0.2  # k1 = .2 on every own token
+    ref[2:] = 5.0  # partners' rows: a huge KL that must be ignored
+    base, _, _ = run(get_preset("hacpo"))
+    loss, metrics, _ = run(cfg, ref_logp=ref)
+    # seq-mean-token-mean over the 4 sequences of the mini-batch: (.2 + .2) / 4 = .1
+    assert metrics["loss/kl"].item() == pytest.approx(0.1)
+    assert loss.item() == pytest.approx(base.item() + 0.1 * 0.1)
+    with pytest.raises(ValueError, match="needs ref_logp"):
+        run(cfg)
+
+
+def test_micro_batches_with_totals_sum_to_the_mini_batch():
+    cfg = get_preset("hacpo")
+    whole, _, grad = run(cfg)
+    logp, mask = rows(NEW_MEANS, LENGTHS, 4)
+    logp.requires_grad_(True)
+    total = 0.0
+    for part in (slice(0, 2), slice(2, 4)):
+        loss, _ = hacpo_loss(
+            logp_new=logp[part], loss_mask=mask[part], advantages=ADV[part], is_own=IS_OWN[part],
+            old_logp_mean=OLD_MEANS[part], omega_factor=OMEGA[part], cfg=cfg, m=1, total_seqs=4, total_tokens=10,
+        )
+        total = total + loss
+    (micro_grad,) = torch.autograd.grad(total, logp)
+    assert total.item() == pytest.approx(whole.item())
+    torch.testing.assert_close(torch.where(mask, micro_grad, torch.zeros_like(micro_grad)), grad)
+
+
+def test_grpo_token_level_by_hand():
+    cfg = get_preset("grpo")  # token ratios, clip .2 / .28, token-mean
+    old = torch.full((2, 2), -1.0, dtype=D)
+    logp = (old + torch.tensor([[0.0, math.log(1.5)], [math.log(0.5), 0.0]], dtype=D)).requires_grad_(True)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    loss, metrics = hacpo_loss(
+        logp_new=logp, loss_mask=mask, advantages=torch.tensor([1.0, -1.0], dtype=D),
+        is_own=torch.tensor([True, True]), old_logp=old, cfg=cfg,
+    )
+    # ratios [[1, 1.5], [.5, 1]]; A = +1 row 0, -1 row 1
+    # terms: min(1, 1) = 1 | min(1.5, 1.28) = 1.28 | min(-.5, -.8) = -.8 | min(-1, -1) = -1
+    assert loss.item() == pytest.approx(-(1 + 1.28 - 0.8 - 1) / 4)  # token-mean -> -.12
+    (grad,) = torch.autograd.grad(loss, logp)
+    # d/dlogp of -(r · A)/4 = -r · A / 4 where not clipped: [[-.25, 0], [0, .25]]
+    torch.testing.assert_close(grad, torch.tensor([[-0.25, 0.0], [0.0, 0.25]], dtype=D))
+    assert metrics["clip/self_high_frac"].item() == 0.25 and metrics["clip/self_low_frac"].item() == 0.25
+
+
+def test_token_level_refuses_cross_responses():
+    with pytest.raises(ValueError, match="own responses only"):
+        run(get_preset("grpo"), old_logp=torch.zeros(4, 4, dtype=D))
+
+
+def test_missing_inputs_are_named():
+    with pytest.raises(ValueError, match="omega_factor"):
+        run(get_preset("hacpo"), omega_factor=None)
+    run(get_preset("hacpo_no_omega"), omega_factor=None)  # not needed without the factor
+    with pytest.raises(ValueError, match="old_logp_mean"):
+        run(get_preset("hacpo"), old_logp_mean=None)
+    with pytest.raises(ValueError, match=r"advantages must have shape \[4\]"):
+        run(get_preset("hacpo"), advantages=ADV[:3])
+
+
+def test_own_only_batch_has_no_cross_metrics():
+    logp, mask = rows([-1.0, -1.0], [2, 2], 2)
+    _, metrics = hacpo_loss(
+        logp_new=logp, loss_mask=mask, advantages=ADV[:2], is_own=IS_OWN[:2], old_logp_mean=OLD_MEANS[:2],
+        cfg=get_preset("hacpo"),
+    )
+    assert "ratio/self_mean" in metrics and not any(key.startswith(("ratio/cross", "clip/cross")) for key in metrics)
+
+
+def test_sequence_level_accepts_per_token_old_log_probs_for_own_responses():
+    logp, mask = rows([-1.0, -1.2], [2, 3], 3)
+    old_tokens = torch.full((2, 3), -1.0, dtype=D)
+    kw = dict(logp_new=logp, loss_mask=mask, advantages=ADV[:2], is_own=IS_OWN[:2], cfg=get_preset("gspo"))
+    from_tokens, _ = hacpo_loss(old_logp=old_tokens, **kw)
+    from_means, _ = hacpo_loss(old_logp_mean=torch.tensor([-1.0, -1.0], dtype=D), **kw)
+    assert from_tokens.item() == pytest.approx(from_means.item())
+
+
+def test_minus_infinity_padding_never_reaches_the_gradient():
+    # GRPO (token ratios) and k3 KL both exponentiate per token: padding must be masked out first
+    cfg = replace(get_preset("grpo"), kl_coef=0.1, kl_estimator="k3")
+    logp, mask = rows([-1.0, -2.0], [1, 3], 3)
+    logp.requires_grad_(True)
+    old, _ = rows([-1.1, -1.9], [1, 3], 3)
+    loss, _ = hacpo_loss(
+        logp_new=logp, loss_mask=mask, advantages=ADV[:2], is_own=IS_OWN[:2], old_logp=old, ref_logp=old - 0.1, cfg=cfg,
+    )
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert torch.isfinite(loss) and bool(torch.isfinite(grad).all())
+    assert bool((grad[~mask] == 0).all())
+
+
+def test_cross_lower_from_a_schedule_replaces_eq_14():
+    # m = 1 gives lower .825; passing it explicitly changes nothing, passing .6 keeps row 3 (s = .6065)
+    base = run(get_preset("hacpo"), m=1)
+    same = run(get_preset("hacpo"), m=1, cross_lower=0.825)
+    torch.testing.assert_close(base[0], same[0])
+    loss, metrics, grad = run(get_preset("hacpo"), m=1, cross_lower=0.6)
+    assert metrics["clip/cross_lower"].item() == pytest.approx(0.6)
+    assert grad[3, 0].item() != 0.0 and metrics["clip/cross_low_frac"].item() == 0.0

@@ -1,0 +1,105 @@
+"""Algorithm presets (HACPO_SPEC §9): selectable by name, loud on unknown names, and each ablation
+differs from `hacpo` only in the component it names, in its fields and in its behaviour."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from hacrl_lightning.algorithms import PRESETS, compute_advantages, get_preset, hacpo_loss, preset_names
+from hacrl_lightning.config import AlgorithmConfig
+
+D = torch.float64
+GSPO_FIELDS = {"share_rollouts", "advantage", "capability_baseline"}
+# the fields each preset may change relative to hacpo (besides its name)
+COMPONENT_FIELDS = {
+    "hacpo": set(),
+    "hacpo_no_adv": {"capability_baseline"},
+    "hacpo_no_omega": {"omega_factor"},
+    "hacpo_alpha0": {"alpha"},
+    "hacpo_no_stepwise": {"delta_step"},
+    "hacpo_no_clip": {"cross_clip"},
+    "naive": {"capability_baseline", "cross_loss", "alpha", "delta_step", "omega_factor"},
+    "gspo": GSPO_FIELDS,
+    "gspo_x2": GSPO_FIELDS | {"rollout_multiplier"},
+    "grpo": GSPO_FIELDS | {"ratio_level", "clip_low", "clip_high", "loss_agg_mode"},
+}
+
+
+def test_every_spec_preset_exists_and_is_selectable():
+    assert preset_names() == sorted(COMPONENT_FIELDS)
+    for name in preset_names():
+        cfg = get_preset(name)
+        assert isinstance(cfg, AlgorithmConfig) and cfg.name == name
+
+
+def test_get_preset_returns_a_copy():
+    cfg = get_preset("hacpo")
+    cfg.alpha = 42.0
+    assert PRESETS["hacpo"].alpha == 1.0 and get_preset("hacpo").alpha == 1.0
+
+
+def test_unknown_name_lists_the_valid_ones():
+    with pytest.raises(KeyError) as info:
+        get_preset("hacpo_no_alpha")
+    message = str(info.value)
+    assert "hacpo_no_alpha" in message and str(sorted(PRESETS)) in message
+    assert "did you mean" in message
+
+
+@pytest.mark.parametrize("name", sorted(COMPONENT_FIELDS))
+def test_preset_differs_from_hacpo_only_in_its_component(name):
+    base, cfg = asdict(get_preset("hacpo")), asdict(get_preset(name))
+    changed = {key for key in base if base[key] != cfg[key]} - {"name"}
+    assert changed == COMPONENT_FIELDS[name]
+
+
+# --- behaviour: each ablation changes the loss (or the advantage) only through its component ------
+
+
+def loss_and_grad(cfg, *, s_cross=0.9, omega_cross=2.0, m=0):
+    """A mini-batch of one own response (s = 1) and one cross response (ratio s_cross, omega factor)."""
+    logp = torch.tensor([[-1.0, -1.0], [-2.0, -2.0]], dtype=D, requires_grad=True)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    old_mean = torch.tensor([-1.0, -2.0 - math.log(s_cross)], dtype=D)
+    loss, _ = hacpo_loss(
+        logp_new=logp, loss_mask=mask, advantages=torch.tensor([0.5, 1.5], dtype=D),
+        is_own=torch.tensor([True, False]), old_logp_mean=old_mean,
+        omega_factor=torch.tensor([1.0, omega_cross], dtype=D), cfg=cfg, m=m,
+    )
+    return loss.detach(), torch.autograd.grad(loss, logp)[0]
+
+
+def same(a, b):
+    return all(torch.allclose(x, y, rtol=0, atol=1e-12) for x, y in zip(a, b))
+
+
+# (preset, inputs where its component is inactive, inputs where it acts)
+LOSS_CASES = [
+    ("hacpo_alpha0", dict(s_cross=1.0), dict(s_cross=0.9)),  # sg(1)^α = 1 for any α
+    ("hacpo_no_omega", dict(omega_cross=1.0), dict(omega_cross=2.0)),
+    ("hacpo_no_stepwise", dict(s_cross=0.82, m=0), dict(s_cross=0.82, m=2)),  # lower .8 vs .85
+    ("hacpo_no_clip", dict(s_cross=0.9), dict(s_cross=0.5)),  # .5 < lower .8
+    ("naive", dict(s_cross=1.0, omega_cross=1.0), dict(s_cross=0.9)),  # at s = 1, ω = 1 both terms are A
+]
+
+
+@pytest.mark.parametrize("name, neutral, witness", LOSS_CASES, ids=[c[0] for c in LOSS_CASES])
+def test_ablation_changes_the_loss_only_where_its_component_acts(name, neutral, witness):
+    hacpo, ablation = get_preset("hacpo"), get_preset(name)
+    assert same(loss_and_grad(hacpo, **neutral), loss_and_grad(ablation, **neutral))
+    assert not same(loss_and_grad(hacpo, **witness), loss_and_grad(ablation, **witness))
+
+
+def test_no_adv_changes_the_baseline_only():
+    hacpo, no_adv = get_preset("hacpo"), get_preset("hacpo_no_adv")
+    # the loss is untouched, whatever the inputs
+    for kw in (dict(s_cross=0.9), dict(s_cross=0.5, m=3), dict(omega_cross=4.0)):
+        assert same(loss_and_grad(hacpo, **kw), loss_and_grad(no_adv, **kw))
+    rewards = torch.tensor([[[1, 0], [1, 1]], [[0, 0], [1, 0]]], dtype=D)  # [P=2, n=2, G=2]
+    ones, unequal = torch.ones(2, 2, dtype=D), torch.tensor([[1.0, 0.5], [2.0, 1.0]], dtype=D)
+    torch.testing.assert_close(compute_advantages(rewards, ones, hacpo), compute_advantages(rewards, ones, no_adv))
+    assert not torch.allclose(compute_advantages(rewards, unequal, hacpo), compute_advantages(rewards, unequal, no_adv))
