@@ -24,4 +24,4 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) scripts/bench.py
+	$(PY) scripts/bench.py rollout

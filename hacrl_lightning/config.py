@@ -145,7 +145,7 @@ class DataConfig:
     min_digits: int = 1
     max_digits: int = 2
     terms: int = 2
-    ops: List[str] = field(default_factory=lambda: ["+", "-"])
+    ops: List[str] = field(default_factory=lambda: ["+"])
     seed: int = 1234
     """Seed of the synthetic prompt generator (independent of the training seed)."""
 

@@ -161,10 +161,10 @@ def compose_config(overrides: Sequence[str] = ()) -> tuple[TrainConfig, DictConf
     return to_train_config(dcfg), dcfg
 
 
-def save_resolved(dcfg: DictConfig, run_dir: Path) -> Path:
-    """Write the resolved config as `config.yaml` in the run directory."""
+def save_resolved(dcfg: DictConfig, run_dir: Path, name: str = "config.yaml") -> Path:
+    """Write the resolved config (as `name`) in the run directory, atomically."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
+    path = run_dir / name
     tmp = path.with_suffix(".yaml.tmp")
     tmp.write_text(OmegaConf.to_yaml(dcfg, resolve=True))
     tmp.replace(path)

@@ -1,0 +1,20 @@
+"""Agents: one causal LM with its own tokenizer and chat template (`Agent`), the offline tiny-agent
+zoo (`zoo`), and the tokenizer-neutral exchange of responses between agents (`exchange`).
+
+Deliberately not here: sampling (`hacrl_lightning.rollout`) and training (the LightningModule).
+"""
+
+from hacrl_lightning.agents.agent import Agent, AgentLoadError
+from hacrl_lightning.agents.exchange import AgentView, Rollout, fill_old_logprob_means, make_rollouts, view_for
+from hacrl_lightning.agents.tokenizers import LossyTokenizerError
+
+__all__ = [
+    "Agent",
+    "AgentLoadError",
+    "AgentView",
+    "LossyTokenizerError",
+    "Rollout",
+    "fill_old_logprob_means",
+    "make_rollouts",
+    "view_for",
+]

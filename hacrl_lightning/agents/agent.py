@@ -1,0 +1,306 @@
+"""One agent: a causal LM, its own tokenizer and chat template, and the log-probs the losses need.
+
+`Agent.load(name, cfg)` takes an `AgentConfig` whose `model` is a hub id, a local directory, or
+`zoo:<preset>` (an offline tiny agent, built on first use by `zoo.py`). Every form ends in the same
+`from_pretrained(<dir>)` path, so the tiny agents exercise the code that loads real models. At load
+time the agent refuses a tokenizer that does not round-trip the task's texts (HACPO_SPEC §8), and a
+hub model that is neither cached nor reachable fails in seconds with the fix (a local directory).
+
+An `Agent` is an `nn.Module` whose only submodule is the HF model, so a LightningModule can keep
+agents in an `nn.ModuleDict`; the tokenizer is a plain attribute. Deliberately not here: sampling
+(`hacrl_lightning.rollout` engines speak token ids), cross-agent retokenization (`exchange.py`),
+optimizers and losses (the trainer and `algorithms/`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from hacrl_lightning.agents.tokenizers import check_lossless, decode_text, encode_text, save_tokenizer
+from hacrl_lightning.config import AgentConfig
+
+ZOO_PREFIX = "zoo:"
+HUB_PROBE_TIMEOUT_S = 10.0
+"""How long to wait for the hub before giving up on a model that is not in the local HF cache."""
+AGENT_FILE = "hacrl_agent.json"
+"""Written by `export`: the agent's name and the settings a deployment needs beside the HF files."""
+
+
+class AgentLoadError(RuntimeError):
+    """An agent could not be loaded; the message names the agent, the source and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# where the files come from
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith(("/", "./", "../", "~", ".\\")) or os.path.isdir(os.path.expanduser(source))
+
+
+def _hub_offline() -> bool:
+    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("TRANSFORMERS_OFFLINE", ""))
+    return any(flag.strip().upper() in ("1", "ON", "YES", "TRUE") for flag in flags)
+
+
+def _probe_hub(repo_id: str, revision: str | None, timeout: float) -> str | None:
+    """None when the hub answers for `repo_id` within `timeout` seconds, else why not."""
+    from huggingface_hub import HfApi
+
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            HfApi().model_info(repo_id, revision=revision, timeout=timeout)
+            outcome.append(None)
+        except Exception as error:  # any failure means "do not start a download"
+            outcome.append(f"{type(error).__name__}: {error}".splitlines()[0][:300])
+
+    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo ignores socket timeouts
+    thread.start()
+    thread.join(timeout + 1.0)
+    return outcome[0] if outcome else f"no answer within {timeout:.0f} s"
+
+
+def _fetch(loader: Callable[..., Any], source: str, *, agent: str, key: str, **kwargs) -> Any:
+    """`loader.from_pretrained(source)`: a local dir directly; a hub id from the local HF cache, or
+    from the hub only after a quick probe says it is reachable (no minutes of download retries)."""
+    if _looks_like_path(source):
+        path = os.path.expanduser(source)
+        if not os.path.isdir(path):
+            raise AgentLoadError(
+                f"agent {agent!r}: {key}={source!r} is not a directory. Fix: point {key} at a directory "
+                f"holding config.json and the weights (e.g. one written by `huggingface-cli download` or Agent.export)."
+            )
+        return loader(path, **kwargs)
+    try:
+        return loader(source, local_files_only=True, **kwargs)
+    except OSError:
+        pass  # not (completely) in the local HF cache
+    why = "the hub is switched off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)" if _hub_offline() else \
+        _probe_hub(source, kwargs.get("revision"), HUB_PROBE_TIMEOUT_S)
+    if why is not None:
+        raise AgentLoadError(
+            f"agent {agent!r}: {key}={source!r} is not in the local Hugging Face cache and cannot be fetched "
+            f"({why}). Fix: download it where the hub is reachable (`huggingface-cli download {source} "
+            f"--local-dir /path/to/dir`), copy the directory here and point the preset at it: {key}=/path/to/dir"
+        )
+    return loader(source, **kwargs)
+
+
+def resolve_source(agent: str, source: str, *, key: str, zoo_cache: str | os.PathLike | None) -> str:
+    """`zoo:<preset>` -> the built preset's directory (building it if needed); anything else unchanged."""
+    if not source.startswith(ZOO_PREFIX):
+        return source
+    from hacrl_lightning.agents import zoo
+
+    preset = source[len(ZOO_PREFIX):]
+    try:
+        return str(zoo.ensure_built(preset, cache_dir=zoo_cache))
+    except KeyError as error:
+        raise AgentLoadError(f"agent {agent!r}: {key}={source!r}: {error.args[0]}") from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# the agent
+
+
+class Agent(nn.Module):
+    """A causal LM with its tokenizer, chat template and length limits.
+
+    Token ids that enter or leave an agent are always in *this* agent's vocabulary.
+    """
+
+    def __init__(self, name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: AgentConfig):
+        super().__init__()
+        self.name = name
+        self.cfg = cfg
+        self.model = model
+        self.tokenizer = tokenizer
+        self._setup_tokens()
+
+    # -- loading -------------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, name: str, cfg: AgentConfig, *, zoo_cache: str | os.PathLike | None = None,
+             check_texts: Sequence[str] | None = None) -> "Agent":
+        """Load agent `name` as `cfg` describes (hub id, local dir or `zoo:<preset>`).
+
+        `check_texts`: texts the tokenizer must round-trip (default: a sample of the synthetic
+        task's prompts and answers; pass `()` to skip). Raises `AgentLoadError` or
+        `LossyTokenizerError`, both naming the agent and the fix.
+        """
+        key = f"agents.{name}"
+        model_source = resolve_source(name, cfg.model, key=f"{key}.model", zoo_cache=zoo_cache)
+        tokenizer_source = model_source if cfg.tokenizer is None else \
+            resolve_source(name, cfg.tokenizer, key=f"{key}.tokenizer", zoo_cache=zoo_cache)
+        common = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+        tokenizer = _fetch(AutoTokenizer.from_pretrained, tokenizer_source, agent=name,
+                           key=f"{key}.tokenizer" if cfg.tokenizer else f"{key}.model", **common)
+        model = _fetch(AutoModelForCausalLM.from_pretrained, model_source, agent=name, key=f"{key}.model",
+                       dtype=getattr(torch, cfg.dtype), **common)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        agent = cls(name, model, tokenizer, cfg)
+        if check_texts is None:
+            from hacrl_lightning.data.synthetic import task_texts
+
+            check_texts = task_texts()
+        check_lossless(agent.tokenizer, list(check_texts), agent=name)
+        return agent
+
+    def _setup_tokens(self) -> None:
+        """Chat template override, EOS set, pad (defaults to EOS), left padding for generation."""
+        tok, key = self.tokenizer, f"agents.{self.name}"
+        if self.cfg.chat_template:
+            tok.chat_template = self.cfg.chat_template
+        if not tok.chat_template:
+            raise AgentLoadError(
+                f"agent {self.name!r}: the tokenizer of {self.cfg.model!r} has no chat template. "
+                f"Fix: give one (a Jinja template over `messages`), e.g. "
+                f"{key}.chat_template=\"{{% for m in messages %}}{{{{ m['content'] }}}}\\n{{% endfor %}}\""
+            )
+        if tok.eos_token_id is None:
+            raise AgentLoadError(f"agent {self.name!r}: the tokenizer of {self.cfg.model!r} has no EOS token. "
+                                 f"Fix: use a tokenizer with an eos_token ({key}.tokenizer)")
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        tok.padding_side = "left"
+        generation_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        extra = generation_eos if isinstance(generation_eos, (list, tuple)) else [generation_eos]
+        # eos_token_id: appended to finished partner responses; eos_token_ids: any of them ends a response
+        self.eos_token_id = int(tok.eos_token_id)
+        self.eos_token_ids = tuple(dict.fromkeys([self.eos_token_id, *(int(t) for t in extra if t is not None)]))
+        self.pad_token_id = int(tok.pad_token_id)
+        if getattr(self.model, "generation_config", None) is not None:
+            self.model.generation_config.pad_token_id = self.pad_token_id
+
+    # -- text <-> this agent's token ids -------------------------------------------------------------
+
+    @property
+    def max_prompt_len(self) -> int:
+        return self.cfg.max_prompt_len
+
+    @property
+    def max_response_len(self) -> int:
+        return self.cfg.max_response_len
+
+    def render_prompts(self, texts: Sequence[str]) -> list[str]:
+        """Each question in this agent's chat template (system prompt, template kwargs, generation prompt)."""
+        system = [{"role": "system", "content": self.cfg.system_prompt}] if self.cfg.system_prompt else []
+        conversations = [system + [{"role": "user", "content": text}] for text in texts]
+        if not conversations:
+            return []
+        return self.tokenizer.apply_chat_template(
+            conversations, tokenize=False, add_generation_prompt=True, **self.cfg.chat_template_kwargs)
+
+    def encode_prompts(self, texts: Sequence[str], *, truncate: bool = True) -> list[list[int]]:
+        """Chat-templated prompt ids (one batched tokenizer call), left-truncated to `max_prompt_len`."""
+        ids = encode_text(self.tokenizer, self.render_prompts(texts))
+        return [row[-self.max_prompt_len:] for row in ids] if truncate else ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode_prompts([text])[0]
+
+    def encode_response(self, texts: Sequence[str]) -> list[list[int]]:
+        """Response texts -> ids, no special tokens added (no EOS: the caller decides)."""
+        return encode_text(self.tokenizer, texts)
+
+    def decode_response(self, ids: Sequence[int]) -> str:
+        """Response ids -> text: special tokens (EOS, pad) skipped, no space clean-up."""
+        return decode_text(self.tokenizer, ids)
+
+    # -- log-probs ------------------------------------------------------------------------------------
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits `[B, T, V]`; positions count only attended tokens, so left and right padding agree."""
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)                   # [B, T]
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=False).logits
+
+    def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                       temperature: float = 1.0) -> torch.Tensor:
+        """`[B, T]`: position t holds log p(x_t | x_<t) under softmax(logits / temperature), in fp32.
+
+        0 where there is nothing to condition on (a row's first real token) and on padding.
+        Gradients flow when grad is enabled.
+        """
+        logits = self(input_ids, attention_mask)                                               # [B, T, V]
+        logprobs = gather_logprobs(logits[:, :-1], input_ids[:, 1:], temperature=temperature)  # [B, T-1]
+        real = attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()                   # [B, T-1]
+        return F.pad(logprobs * real, (1, 0))                                                  # [B, T]
+
+    def sequence_logprob_mean(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+                              *, temperature: float = 1.0) -> torch.Tensor:
+        """`[B]`: mean of `token_logprobs` over the tokens where `loss_mask` is True (0 for an empty mask)."""
+        logprobs = self.token_logprobs(input_ids, attention_mask, temperature=temperature)    # [B, T]
+        return masked_mean(logprobs, loss_mask)
+
+    # -- export ---------------------------------------------------------------------------------------
+
+    def export(self, directory: str | os.PathLike) -> Path:
+        """Write a standalone Hugging Face dir (weights, config, generation config, tokenizer, chat
+        template) that `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` load alone.
+
+        Under FSDP2 every rank must call it (the full state dict is gathered); rank 0 writes.
+        """
+        directory = Path(directory)
+        state_dict, writer = _full_state_dict(self.model)
+        if not writer:
+            return directory
+        directory.mkdir(parents=True, exist_ok=True)
+        generation = self.model.generation_config
+        generation.eos_token_id = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id
+        generation.pad_token_id = self.pad_token_id
+        self.model.config.pad_token_id = self.pad_token_id
+        self.model.save_pretrained(str(directory), state_dict=state_dict)
+        save_tokenizer(self.tokenizer, directory)
+        settings = {"name": self.name, "chat_template_kwargs": dict(self.cfg.chat_template_kwargs),
+                    "system_prompt": self.cfg.system_prompt, "max_prompt_len": self.max_prompt_len,
+                    "max_response_len": self.max_response_len}
+        (directory / AGENT_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+        return directory
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, model={self.cfg.model!r}, vocab={len(self.tokenizer)}"
+
+
+def _full_state_dict(model: nn.Module) -> tuple[dict | None, bool]:
+    """(state dict to save, whether this process writes): None = the model's own, unless sharded."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return None, True
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        return None, True
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state, dist.get_rank() == 0
+
+
+def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
+                    rows_per_chunk: int = 8) -> torch.Tensor:
+    """`[B, T]` log_softmax(logits / temperature)[targets] in fp32, a few rows at a time (bounded memory)."""
+    out = []
+    for start in range(0, logits.shape[0], rows_per_chunk):
+        chunk = logits[start : start + rows_per_chunk].float() / temperature                 # [b, T, V]
+        picked = chunk.gather(-1, targets[start : start + rows_per_chunk, :, None]).squeeze(-1)  # [b, T]
+        out.append(picked - torch.logsumexp(chunk, dim=-1))
+    return torch.cat(out) if out else logits.new_zeros(targets.shape, dtype=torch.float32)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`[B]` mean of `values[B, T]` over `mask` (True = counts); 0 where a row's mask is empty."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)

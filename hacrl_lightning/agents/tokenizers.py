@@ -1,0 +1,134 @@
+"""Tokenizers built offline from a spec, the lossless round-trip check, and v4-compatible saving.
+
+Two lossless kinds, both made in-process with `tokenizers` (no download):
+- `char`: one token per printable ASCII character, any other character as its UTF-8 bytes
+  (`<0xNN>` byte fallback, as in Llama-2 / Mistral sentencepiece models);
+- `bpe`: byte-level BPE trained on a fixed corpus to `vocab_size`, digits optionally split one per
+  token (as in Qwen) or left to merge into multi-digit tokens (as in GPT-2), merges optionally
+  spanning word boundaries.
+
+`check_lossless` is the load-time law of HACPO_SPEC §8: `decode(encode(text)) == text`.
+`save_tokenizer` writes `tokenizer_class: PreTrainedTokenizerFast`, because transformers v5 writes
+`TokenizersBackend`, which v4 (and vLLM builds pinned to it) cannot load (engineering.md §0.10).
+Deliberately not here: which tokenizer an agent uses (the zoo's specs and the agent files).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterable, Sequence
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+CHAR_ALPHABET = string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", "")
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """How to build one zoo tokenizer. Special-token strings are part of the spec (and so of its hash)."""
+
+    kind: str
+    """`char` or `bpe` (see `TOKENIZER_KINDS`)."""
+    eos: str
+    pad: str
+    bos: str | None = None
+    extra_special: tuple[str, ...] = ()
+    """More special tokens the chat template uses (e.g. `<|im_start|>`)."""
+    vocab_size: int = 0
+    """`bpe`: the trainer's target vocabulary (the corpus may give fewer)."""
+    split_digits: bool = False
+    """`bpe`: one token per digit (numbers never merge)."""
+    merge_across_words: bool = False
+    """`bpe`: merges may span spaces and punctuation (`\\boxed{` can be one token); the byte-level
+    mapping stays lossless either way."""
+
+    @property
+    def special_tokens(self) -> list[str]:
+        tokens = [self.pad, self.eos, *([self.bos] if self.bos else []), *self.extra_special]
+        return list(dict.fromkeys(tokens))
+
+
+def _char_model(spec: TokenizerSpec, corpus: Iterable[str]) -> Tokenizer:
+    vocab: Dict[str, int] = {}
+    for token in [*spec.special_tokens, *(f"<0x{b:02X}>" for b in range(256)), *CHAR_ALPHABET]:
+        vocab.setdefault(token, len(vocab))
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+    raw.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    return raw
+
+
+def _bpe_model(spec: TokenizerSpec, corpus: Iterable[str]) -> Tokenizer:
+    raw = Tokenizer(models.BPE())
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not spec.merge_across_words)
+    digits = [pre_tokenizers.Digits(individual_digits=True)] if spec.split_digits else []
+    raw.pre_tokenizer = pre_tokenizers.Sequence([*digits, byte_level])
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size, special_tokens=spec.special_tokens, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    raw.train_from_iterator(list(corpus), trainer)
+    return raw
+
+
+TOKENIZER_KINDS: Dict[str, Callable[[TokenizerSpec, Iterable[str]], Tokenizer]] = {
+    "char": _char_model,
+    "bpe": _bpe_model,
+}
+
+
+def build_tokenizer(spec: TokenizerSpec, corpus: Sequence[str], chat_template: str) -> PreTrainedTokenizerFast:
+    """A transformers fast tokenizer (left padding, for generation) built from `spec` and `corpus`."""
+    if spec.kind not in TOKENIZER_KINDS:
+        raise ValueError(f"tokenizer kind {spec.kind!r} is unknown: allowed {sorted(TOKENIZER_KINDS)}")
+    raw = TOKENIZER_KINDS[spec.kind](spec, corpus)
+    raw.add_special_tokens(spec.special_tokens)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token=spec.bos, eos_token=spec.eos, pad_token=spec.pad,
+        additional_special_tokens=list(spec.extra_special) or None, padding_side="left",
+        clean_up_tokenization_spaces=False, chat_template=chat_template,
+    )
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> None:
+    """`save_pretrained`, then make `tokenizer_config.json` name a class that transformers v4 knows too."""
+    tokenizer.save_pretrained(str(directory))
+    config_path = Path(directory) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    if config.get("tokenizer_class") in (None, "TokenizersBackend"):
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def decode_text(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
+    """Response ids -> text, special tokens skipped, no space clean-up (the exchange's decode)."""
+    return tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
+    """Texts -> ids with no BOS/EOS added (one batched call)."""
+    if not texts:
+        return []
+    return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+
+class LossyTokenizerError(ValueError):
+    """A tokenizer that does not give back the text it encoded (HACPO_SPEC §8 refuses it)."""
+
+
+def check_lossless(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *, agent: str) -> None:
+    """Raise `LossyTokenizerError` naming `agent` and the first text that does not round-trip."""
+    for text, ids in zip(texts, encode_text(tokenizer, texts)):
+        back = decode_text(tokenizer, ids)
+        if back != text:
+            raise LossyTokenizerError(
+                f"agent {agent!r}: its tokenizer ({type(tokenizer).__name__}, "
+                f"{tokenizer.name_or_path or 'built in memory'}) is lossy: decode(encode({text!r})) gives "
+                f"{back!r}. Responses are exchanged between agents as text, so every tokenizer must "
+                f"round-trip exactly (HACPO_SPEC §8). Fix: use a lossless tokenizer (byte-level BPE or "
+                f"byte fallback; not WordPiece), e.g. agents.{agent}.tokenizer=<hub id or dir>."
+            )

@@ -1,0 +1,40 @@
+"""Task records shared by every task: one `Example` per prompt, and a sized map-style dataset of them.
+
+An `Example` is tokenizer-neutral: the question text (each agent wraps it in its own chat
+template) and the gold answer a reward function checks. Deliberately not here: how a task makes
+its examples (see `synthetic.py` and later loaders) and how they are batched (the DataModule).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+from torch.utils.data import Dataset
+
+
+class Example(NamedTuple):
+    """One prompt of a verifiable task: `(prompt_id, prompt, gold)`."""
+
+    prompt_id: str
+    """Stable id of the prompt (the same question always has the same id)."""
+    prompt: str
+    """The question text, without any chat template."""
+    gold: str
+    """The reference answer, as the reward function compares it."""
+
+
+class PromptDataset(Dataset):
+    """A sized, indexable list of `Example`s (map-style, so Lightning never prefetches rollouts)."""
+
+    def __init__(self, examples: Sequence[Example], *, name: str = "prompts"):
+        self.examples = list(examples)
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> Example:
+        return self.examples[index]
+
+    def __repr__(self) -> str:
+        return f"PromptDataset({self.name!r}, {len(self)} examples)"

@@ -1,0 +1,72 @@
+"""The rollout engine contract: token ids in, sampled token ids + finish reasons + log-probs out.
+
+One engine serves one agent. Engines know nothing about tokenizers, chat templates, rewards or
+other agents (DESIGN §3): the caller encodes prompts with the agent's own chat template and
+decodes what comes back. `make_engine` picks the backend by name, so the training loop never
+knows which one runs. Deliberately not here: weight export formats (each backend's own module).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What to sample. The defaults are plain sampling: no top-k, no nucleus (HF would otherwise
+    apply top_k=50, engineering.md §0.9). temperature == 0 means greedy."""
+
+    max_new_tokens: int
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Generation:
+    """One sampled response, in the generating agent's token space.
+
+    `token_ids` include the terminal stop token when `finish_reason == "stop"`; `logprobs[t]` is the
+    engine's log-probability of `token_ids[t]` under the sampling distribution (temperature applied).
+    """
+
+    token_ids: list[int]
+    finish_reason: FinishReason
+    logprobs: list[float] = field(default_factory=list)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        """`sampling.n` generations per prompt, grouped: result[p * n + i] is sample i of prompt p."""
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Make the next `generate` use `model`'s current weights."""
+
+
+BACKENDS = ("hf", "vllm")
+
+
+def make_engine(backend: str, model: torch.nn.Module, **options) -> RolloutEngine:
+    """Build the engine of `backend` (`hf` or `vllm`) for one agent's model."""
+    if backend == "hf":
+        from hacrl_lightning.rollout.hf import HFEngine
+
+        return HFEngine(model, **options)
+    if backend == "vllm":
+        from hacrl_lightning.rollout.vllm import VLLMEngine
+
+        return VLLMEngine(model, **options)
+    raise ValueError(f"rollout.backend={backend!r} is unknown: allowed {list(BACKENDS)}; use rollout=hf or rollout=vllm")

@@ -1,0 +1,145 @@
+"""vLLM backend: one offline `vllm.LLM` per agent on the GPU, weights pushed after every update.
+
+Imported only when `rollout.backend=vllm` is selected (the `[vllm]` extra, pinned to one release
+because its weight-sync API changes between releases; engineering.md §0.8, §2). Each engine gets
+its own `gpu_memory_utilization` share, samples with exactly the trainer's settings (no top-k,
+processed log-probs, i.e. after temperature, as the trainer recomputes them), and stops at the
+agent's own EOS.
+
+Weight sync: where the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), the trained
+tensors are loaded straight into the engine's model (`load_weights`). Otherwise the portable path
+writes the weights into the directory the engine was built from and asks every worker to
+`reload_weights` from it: that reload *is* the push, so nothing reloads after a push (TRL#5312).
+Deliberately not here: sleep mode (one instance per process, engineering.md §0.7).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from hacrl_lightning.rollout.engine import Generation, SamplingSettings
+
+INSTALL_HINT = ("the vLLM backend needs the optional extra: pip install -e '.[vllm]' on a machine with a "
+                "CUDA GPU; without one, use the transformers backend: rollout=hf")
+
+
+def require_vllm():
+    """Import vllm, or raise a clear error naming the [vllm] extra and the HF backend."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        raise RuntimeError(f"rollout.backend=vllm: vllm is not installed; {INSTALL_HINT}") from err
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"rollout.backend=vllm: no CUDA GPU is visible; {INSTALL_HINT}")
+    return vllm
+
+
+def sampling_params_kwargs(sampling: SamplingSettings, stop_token_ids: Sequence[int]) -> dict[str, Any]:
+    """SamplingSettings -> `vllm.SamplingParams` keywords, 1:1 (greedy is temperature 0 in both)."""
+    return dict(
+        n=sampling.n,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k if sampling.top_k > 0 else -1,   # vLLM: -1 disables top-k
+        max_tokens=sampling.max_new_tokens,
+        seed=sampling.seed,
+        stop_token_ids=list(dict.fromkeys([*stop_token_ids, *sampling.stop_token_ids])),
+        logprobs=0,               # only the sampled token's log-prob
+        detokenize=False,         # engines speak token ids
+        ignore_eos=False,
+    )
+
+
+def to_generations(request_outputs: Iterable[Any], stop_token_ids: Sequence[int]) -> list[Generation]:
+    """vLLM `RequestOutput`s (prompt order, `n` completions each) -> flat, grouped Generations.
+
+    A completion that stopped on a stop token carries it at the end of `token_ids` (appended from
+    `stop_reason` when vLLM left it out), so the trainer sees the same layout as the HF backend.
+    """
+    stop_set = set(stop_token_ids)
+    generations: list[Generation] = []
+    for request in request_outputs:
+        for completion in request.outputs:
+            ids = list(completion.token_ids)
+            logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids)]
+            reason = "stop" if completion.finish_reason == "stop" else "length"
+            stop_token = getattr(completion, "stop_reason", None)
+            if reason == "stop" and (not ids or ids[-1] not in stop_set) and isinstance(stop_token, int):
+                ids.append(stop_token)
+                logprobs.append(0.0)  # not reported by vLLM for an excluded stop token
+            generations.append(Generation(ids, reason, logprobs))
+    return generations
+
+
+def _strip_wrapper_prefixes(name: str) -> str:
+    for prefix in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(prefix, "")
+    return name
+
+
+def full_state_items(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for every weight; DTensor shards are gathered (a collective on all ranks)."""
+    for name, tensor in model.state_dict().items():
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        yield _strip_wrapper_prefixes(name), tensor.detach()
+
+
+class VLLMEngine:
+    """One `vllm.LLM` for one agent. `model_dir` is the agent exported as a HF dir (also the sync dir)."""
+
+    def __init__(self, model: torch.nn.Module, *, model_dir: str | os.PathLike, eos_token_ids: Sequence[int],
+                 gpu_memory_utilization: float, max_model_len: int, dtype: str = "bfloat16", seed: int = 0,
+                 enforce_eager: bool = True, **_unused):
+        vllm = require_vllm()
+        self.model_dir = Path(model_dir)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self._vllm = vllm
+        self.llm = vllm.LLM(
+            model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+            enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", generation_config="vllm",
+            skip_tokenizer_init=True,
+        )
+        self._in_process_model = self._find_in_process_model()
+
+    def _find_in_process_model(self) -> torch.nn.Module | None:
+        """The engine's nn.Module when its worker lives in this process (V1 without multiprocessing)."""
+        node: Any = self.llm.llm_engine
+        for path in (("model_executor", "driver_worker", "worker", "model_runner", "model"),
+                     ("model_executor", "driver_worker", "model_runner", "model")):
+            current = node
+            for attr in path:
+                current = getattr(current, attr, None)
+                if current is None:
+                    break
+            if isinstance(current, torch.nn.Module):
+                return current
+        return None
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        params = self._vllm.SamplingParams(**sampling_params_kwargs(sampling, self.eos_token_ids))
+        prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return to_generations(outputs, self.eos_token_ids + tuple(sampling.stop_token_ids))
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        items = full_state_items(model)
+        if self._in_process_model is not None:
+            self._in_process_model.load_weights(items)
+        else:
+            from safetensors.torch import save_file
+
+            state = {name: tensor.contiguous().cpu() for name, tensor in items}
+            tmp = self.model_dir / "model.safetensors.tmp"
+            save_file(state, str(tmp), metadata={"format": "pt"})
+            for old in self.model_dir.glob("model*.safetensors*"):
+                if old != tmp:
+                    old.unlink()
+            tmp.replace(self.model_dir / "model.safetensors")
+            self.llm.collective_rpc("reload_weights")
+        self.llm.reset_prefix_cache()

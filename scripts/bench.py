@@ -1,0 +1,119 @@
+"""Benchmarks that print figures (never asserted by tests).
+
+    python scripts/bench.py rollout [--agents tiny_a,tiny_b,tiny_c] [--prompts 16] [--group 8]
+                                    [--max-new-tokens 24] [--repeats 3] [--backend hf|vllm|all]
+
+`rollout`: generation throughput per agent and backend (tokens/s, responses/s) on prompts of the
+synthetic task, with the prompt count, G and lengths printed beside the figures. The vLLM backend
+is measured only where vllm and a GPU are present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hydra_config import compose_config  # noqa: E402
+
+from hacrl_lightning.agents.agent import Agent  # noqa: E402
+from hacrl_lightning.data.tasks import load_task  # noqa: E402
+from hacrl_lightning.rollout.engine import SamplingSettings, make_engine  # noqa: E402
+
+
+def backends(choice: str) -> list[str]:
+    if choice != "all":
+        return [choice]
+    found = ["hf"]
+    try:
+        import vllm  # noqa: F401
+
+        if torch.cuda.is_available():
+            found.append("vllm")
+    except ImportError:
+        pass
+    return found
+
+
+def engine_for(backend: str, agent: Agent, workdir: Path):
+    options = dict(eos_token_ids=agent.eos_token_ids)
+    if backend == "hf":
+        return make_engine("hf", agent.model, pad_token_id=agent.pad_token_id, batch_size=256, **options)
+    model_dir = agent.export(workdir / agent.name)
+    return make_engine("vllm", agent.model, model_dir=model_dir, gpu_memory_utilization=0.2,
+                       max_model_len=agent.max_prompt_len + agent.max_response_len, **options)
+
+
+def bench_rollout(args) -> dict:
+    cfg, _ = compose_config([f"agents=[{args.agents}]", "algorithm=gspo"])
+    _, held_out = load_task(cfg.data)
+    questions = [ex.prompt for ex in list(held_out)[: args.prompts]]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for name, agent_cfg in cfg.agents.items():
+            agent = Agent.load(name, agent_cfg, zoo_cache=cfg.zoo_cache).to(device)
+            prompts = agent.encode_prompts(questions)
+            max_new = args.max_new_tokens or agent.max_response_len
+            for backend in backends(args.backend):
+                engine = engine_for(backend, agent, Path(workdir))
+                settings = SamplingSettings(max_new_tokens=max_new, n=args.group, seed=0)
+                engine.generate(prompts[:2], settings)  # warm-up
+                times, tokens = [], []
+                for r in range(args.repeats):
+                    start = time.perf_counter()
+                    gens = engine.generate(prompts, SamplingSettings(max_new_tokens=max_new, n=args.group, seed=r))
+                    times.append(time.perf_counter() - start)
+                    tokens.append(sum(len(g.token_ids) for g in gens))
+                seconds = statistics.median(times)
+                rows.append({
+                    "agent": name, "backend": backend, "device": device, "prompts": len(prompts), "group": args.group,
+                    "prompt_len_mean": sum(map(len, prompts)) / len(prompts), "max_new_tokens": max_new,
+                    "resp_len_mean": statistics.mean(tokens) / (len(prompts) * args.group),
+                    "seconds": seconds, "tokens_per_s": statistics.mean(tokens) / seconds,
+                    "responses_per_s": len(prompts) * args.group / seconds,
+                })
+    return {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {device}",
+            "torch": torch.__version__, "rollout": rows}
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    cells = [[f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    rollout = sub.add_parser("rollout", help="generation tokens/s per agent and backend")
+    rollout.add_argument("--agents", default="tiny_a,tiny_b,tiny_c")
+    rollout.add_argument("--prompts", type=int, default=16)
+    rollout.add_argument("--group", type=int, default=8)
+    rollout.add_argument("--max-new-tokens", type=int, default=0, help="0: each agent's max_response_len")
+    rollout.add_argument("--repeats", type=int, default=3)
+    rollout.add_argument("--backend", default="all", choices=["hf", "vllm", "all"])
+    rollout.add_argument("--json", default="", help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    result = bench_rollout(args)
+    print(f"machine: {result['machine']} | torch {result['torch']}")
+    print_table(result["rollout"], ["agent", "backend", "prompts", "group", "prompt_len_mean", "max_new_tokens",
+                                    "resp_len_mean", "seconds", "tokens_per_s", "responses_per_s"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

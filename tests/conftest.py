@@ -1,0 +1,60 @@
+"""Shared fixtures: one zoo cache per test session and loaded tiny zoo agents (real models, real tokenizers).
+
+The zoo cache is $HACRL_ZOO_CACHE when set (reuse builds across runs), else a fresh directory under
+pytest's tmp dir (a cold build, as CI sees it). The session exports it as $HACRL_ZOO_CACHE, so
+subprocesses and `Agent.load` calls without `zoo_cache` share the same builds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Dict
+
+import pytest
+from omegaconf import OmegaConf
+
+from hacrl_lightning.agents import Agent
+from hacrl_lightning.agents.zoo import ENV_CACHE
+from hacrl_lightning.config import AgentConfig
+
+REPO = Path(__file__).resolve().parents[1]
+ZOO_AGENTS = ("tiny_a", "tiny_b", "tiny_c")
+"""The three heterogeneous zoo agents most tests use (Llama/char, Qwen3/BPE, GPT-2/BPE)."""
+
+
+def agent_preset(name: str, **overrides) -> AgentConfig:
+    """The `AgentConfig` of the agent file `agents/<name>.yaml`, with field overrides."""
+    schema = OmegaConf.structured(AgentConfig)
+    merged = OmegaConf.merge(schema, OmegaConf.load(REPO / "agents" / f"{name}.yaml"), overrides)
+    return OmegaConf.to_object(merged)
+
+
+@pytest.fixture(scope="session")
+def zoo_cache(tmp_path_factory) -> Path:
+    """The session's zoo cache directory (exported as $HACRL_ZOO_CACHE while the session runs)."""
+    configured = os.environ.get(ENV_CACHE)
+    path = Path(configured).expanduser() if configured else tmp_path_factory.mktemp("zoo_cache")
+    previous = os.environ.get(ENV_CACHE)
+    os.environ[ENV_CACHE] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop(ENV_CACHE, None)
+    else:
+        os.environ[ENV_CACHE] = previous
+
+
+@pytest.fixture(scope="session")
+def load_zoo_agent(zoo_cache) -> Callable[..., Agent]:
+    """`load_zoo_agent(name, **config_overrides)`: a fresh `Agent` from the session cache (safe to train)."""
+
+    def load(name: str, **overrides) -> Agent:
+        return Agent.load(name, agent_preset(name, **overrides), zoo_cache=zoo_cache)
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def zoo_agents(load_zoo_agent) -> Dict[str, Agent]:
+    """tiny_a, tiny_b, tiny_c loaded once per session. Read-only: do not train or mutate them."""
+    return {name: load_zoo_agent(name) for name in ZOO_AGENTS}

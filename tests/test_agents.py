@@ -1,0 +1,189 @@
+"""`Agent`: loading (zoo, local dir, hub id), chat prompts, log-probs, export, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from hacrl_lightning.agents import Agent, AgentLoadError, LossyTokenizerError
+from hacrl_lightning.agents.zoo import greedy_responses
+from hacrl_lightning.config import AgentConfig, DataConfig
+from hacrl_lightning.data import synthetic_examples
+
+from conftest import agent_preset
+
+QUESTIONS = [ex.prompt for ex in synthetic_examples(DataConfig(), "eval", 6)]
+
+
+@pytest.fixture(scope="module")
+def exported(zoo_agents, tmp_path_factory) -> Path:
+    """tiny_b exported as a standalone Hugging Face directory (stands in for a downloaded hub model)."""
+    return zoo_agents["tiny_b"].export(tmp_path_factory.mktemp("export") / "tiny_b")
+
+
+def test_an_agent_is_a_module_holding_only_the_model(zoo_agents):
+    agent = zoo_agents["tiny_a"]
+    agents = torch.nn.ModuleDict(zoo_agents)
+    assert dict(agent.named_children()).keys() == {"model"}
+    assert all(key.startswith("model.") for key in agent.state_dict())
+    assert sum(p.numel() for p in agents.parameters()) == sum(
+        p.numel() for a in zoo_agents.values() for p in a.model.parameters())
+    assert agent.tokenizer.padding_side == "left" and agent.pad_token_id is not None
+    assert agent.eos_token_id in agent.eos_token_ids
+
+
+def test_prompts_use_the_agents_chat_template_and_are_left_truncated(load_zoo_agent):
+    agent = load_zoo_agent("tiny_b", system_prompt="Be brief.")
+    rendered = agent.render_prompts(QUESTIONS[:1])[0]
+    assert rendered.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert rendered.endswith(f"{QUESTIONS[0]}<|im_end|>\n<|im_start|>assistant\n")
+    ids = agent.encode_prompt(QUESTIONS[0])
+    assert agent.tokenizer.decode(ids) == rendered
+    assert agent.encode_prompts(QUESTIONS) == [agent.encode_prompt(q) for q in QUESTIONS]
+    short = load_zoo_agent("tiny_b", max_prompt_len=5)
+    full = short.encode_prompts(QUESTIONS[:1], truncate=False)[0]
+    assert short.encode_prompt(QUESTIONS[0]) == full[-5:] and len(full) > 5
+
+
+def test_chat_template_override_and_kwargs(load_zoo_agent):
+    template = ("{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+                "{% if add_generation_prompt %}{{ tag }}:{% endif %}")
+    agent = load_zoo_agent("tiny_c", chat_template=template, chat_template_kwargs={"tag": "ans"})
+    assert agent.render_prompts(["1 + 1?"]) == ["[1 + 1?]ans:"]
+
+
+def test_token_logprobs_are_next_token_logprobs_whatever_the_padding(zoo_agents):
+    agent = zoo_agents["tiny_a"]
+    rows = [agent.encode_prompt(q) + agent.encode_response(["\\boxed{1}"])[0] for q in QUESTIONS[:3]]
+    rows[1] = rows[1][:-7]  # different lengths
+    width = max(map(len, rows))
+    with torch.no_grad():
+        expected = []
+        for row in rows:
+            ids = torch.tensor([row])
+            logits = agent.model(input_ids=ids).logits[0].float() / 0.7
+            expected.append(torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1))
+        for side in ("left", "right"):
+            pad = [[agent.pad_token_id] * (width - len(r)) for r in rows]
+            ids = torch.tensor([p + r if side == "left" else r + p for p, r in zip(pad, rows)])
+            mask = torch.tensor([[0] * len(p) + [1] * len(r) if side == "left" else [1] * len(r) + [0] * len(p)
+                                 for p, r in zip(pad, rows)])
+            got = agent.token_logprobs(ids, mask, temperature=0.7)
+            assert got.shape == ids.shape and got.dtype == torch.float32
+            for b, row in enumerate(rows):
+                real = got[b][mask[b].bool()]
+                assert real[0] == 0.0
+                torch.testing.assert_close(real[1:], expected[b], atol=2e-5, rtol=1e-4)
+            loss_mask = mask.bool() & (torch.rand(mask.shape, generator=torch.Generator().manual_seed(0)) < 0.5)
+            means = agent.sequence_logprob_mean(ids, mask, loss_mask, temperature=0.7)
+            manual = (got * loss_mask).sum(-1) / loss_mask.sum(-1)
+            torch.testing.assert_close(means, manual)
+
+
+def test_gradients_flow_through_token_logprobs(load_zoo_agent):
+    agent = load_zoo_agent("tiny_c")
+    ids = torch.tensor([agent.encode_prompt(QUESTIONS[0])])
+    agent.token_logprobs(ids, torch.ones_like(ids)).sum().backward()
+    assert all(p.grad is not None for p in agent.parameters() if p.requires_grad)
+
+
+def test_dtype_is_applied(load_zoo_agent):
+    agent = load_zoo_agent("tiny_c", dtype="bfloat16")
+    assert {p.dtype for p in agent.parameters()} == {torch.bfloat16}
+    ids = torch.tensor([agent.encode_prompt(QUESTIONS[0])])
+    assert agent.token_logprobs(ids, torch.ones_like(ids)).dtype == torch.float32
+
+
+def test_export_loads_and_generates_identically_with_plain_transformers(zoo_agents, exported):
+    agent = zoo_agents["tiny_b"]
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    assert json.loads((exported / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert tokenizer.chat_template == agent.tokenizer.chat_template
+    messages = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, padding=True, return_tensors="pt",
+                                        return_dict=True)
+    out = model.generate(**enc, do_sample=False, max_new_tokens=agent.max_response_len)
+    plain = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert plain == greedy_responses(agent, QUESTIONS)
+    assert any(text.startswith("\\boxed{") for text in plain)
+
+
+def test_a_local_directory_loads_like_a_hub_model(zoo_agents, exported):
+    agent = Agent.load("local_b", AgentConfig(model=str(exported), max_response_len=24))
+    original = zoo_agents["tiny_b"]
+    ids = torch.tensor([original.encode_prompt(QUESTIONS[0])])
+    assert agent.encode_prompt(QUESTIONS[0]) == ids[0].tolist()
+    with torch.no_grad():
+        torch.testing.assert_close(agent.token_logprobs(ids, torch.ones_like(ids)),
+                                   original.token_logprobs(ids, torch.ones_like(ids)))
+
+
+def test_pad_defaults_to_eos(exported, tmp_path):
+    copy = Path(shutil.copytree(exported, tmp_path / "no_pad"))
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    config.pop("pad_token", None)
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    agent = Agent.load("nopad", AgentConfig(model=str(copy)))
+    assert agent.pad_token_id == agent.eos_token_id
+
+
+def test_an_unreachable_hub_model_fails_fast_and_says_how_to_use_a_local_dir(monkeypatch):
+    for offline in ("1", None):
+        if offline:
+            monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+        else:
+            monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        start = time.perf_counter()
+        with pytest.raises(AgentLoadError) as info:
+            Agent.load("qwen", AgentConfig(model="hacrl-lightning-tests/no-such-model"))
+        assert time.perf_counter() - start < 30
+        message = str(info.value)
+        assert "agent 'qwen'" in message and "agents.qwen.model=/path/to/dir" in message
+
+
+@pytest.mark.parametrize("model,match", [
+    ("./no/such/dir", "is not a directory"),
+    ("zoo:tiny_z", r"zoo preset 'tiny_z' is unknown.*tiny_a"),
+])
+def test_bad_sources_are_named(model, match):
+    with pytest.raises(AgentLoadError, match=match):
+        Agent.load("x", AgentConfig(model=model))
+
+
+def test_a_lossy_tokenizer_is_refused_with_an_example(exported, tmp_path):
+    vocab = {t: i for i, t in enumerate(["[UNK]", "[PAD]", "[SEP]", "\\", "boxed", "{", "}", "answer", "is",
+                                          "##ed", *"0123456789"])}
+    raw = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    raw.decoder = decoders.WordPiece()
+    wordpiece = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]",
+                                        chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    wordpiece.save_pretrained(tmp_path / "wordpiece")
+    cfg = AgentConfig(model=str(exported), tokenizer=str(tmp_path / "wordpiece"))
+    with pytest.raises(LossyTokenizerError) as info:
+        Agent.load("wp", cfg, check_texts=["answer is \\boxed{19}"])
+    message = str(info.value)
+    assert "agent 'wp'" in message and "\\\\boxed{19}" in message and "lossy" in message
+
+
+def test_a_tokenizer_without_chat_template_needs_one(exported, tmp_path):
+    copy = Path(shutil.copytree(exported, tmp_path / "no_template"))
+    (copy / "chat_template.jinja").unlink()
+    with pytest.raises(AgentLoadError, match=r"no chat template.*agents.bare.chat_template="):
+        Agent.load("bare", AgentConfig(model=str(copy)))
+    agent = Agent.load("bare", AgentConfig(model=str(copy), chat_template="{{ messages[0]['content'] }}="))
+    assert agent.render_prompts(["2+2"]) == ["2+2="]
+
+
+def test_paper_presets_name_hub_models_and_bfloat16():
+    for name in ("qwen3_1.7b", "llama3_8b", "qwen3_4b_base"):
+        cfg = agent_preset(name)
+        assert "/" in cfg.model and cfg.dtype == "bfloat16" and cfg.lr == pytest.approx(1e-6)

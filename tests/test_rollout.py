@@ -1,0 +1,161 @@
+"""Rollout engines on real tiny zoo agents: log-prob parity with training, grouping, EOS, seeds, fresh weights."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import ZOO_AGENTS
+from hacrl_lightning.rollout.engine import Generation, SamplingSettings, make_engine
+from hacrl_lightning.rollout.hf import HFEngine, split_response
+from hacrl_lightning.rollout.vllm import require_vllm, sampling_params_kwargs, to_generations
+
+QUESTIONS = ["What is 12 + 7? Put the answer in \\boxed{}.", "What is 3 - 9? Put the answer in \\boxed{}."]
+
+
+def engine_for(agent, batch_size=64):
+    return make_engine("hf", agent.model, eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id,
+                       batch_size=batch_size)
+
+
+def forward_logprobs(agent, prompt_ids, generation, temperature):
+    """The trainer's log-probs of the generated tokens: one forward pass over prompt + response."""
+    ids = torch.tensor([prompt_ids + generation.token_ids])
+    with torch.no_grad():
+        logp = agent.token_logprobs(ids, torch.ones_like(ids), temperature=temperature)[0]
+    return logp[len(prompt_ids):]
+
+
+@pytest.mark.parametrize("name", ZOO_AGENTS)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_equal_training_forward_and_samples_are_grouped(load_zoo_agent, name, temperature):
+    agent = load_zoo_agent(name)
+    agent.eval()
+    prompts = agent.encode_prompts(QUESTIONS)
+    n = 3
+    # batch_size 4 forces two generate() chunks: grouping must survive chunking
+    gens = engine_for(agent, batch_size=4).generate(prompts, SamplingSettings(max_new_tokens=12, n=n, temperature=temperature, seed=0))
+    assert len(gens) == len(prompts) * n
+    for index, gen in enumerate(gens):
+        prompt = prompts[index // n]  # result[p * n + i] belongs to prompt p
+        expected = forward_logprobs(agent, prompt, gen, temperature)
+        assert len(gen.logprobs) == len(gen.token_ids) > 0
+        torch.testing.assert_close(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ZOO_AGENTS)
+def test_stop_at_own_eos_length_otherwise_and_seeds_reproduce(load_zoo_agent, name):
+    agent = load_zoo_agent(name)
+    engine = engine_for(agent)
+    prompts = agent.encode_prompts(QUESTIONS)
+    settings = SamplingSettings(max_new_tokens=agent.max_response_len, n=4, seed=123)
+    gens = engine.generate(prompts, settings)
+    eos = set(agent.eos_token_ids)
+    for gen in gens:
+        body = gen.token_ids[:-1] if gen.finish_reason == "stop" else gen.token_ids
+        assert not eos & set(body)  # nothing after (or before) the first EOS
+        if gen.finish_reason == "stop":
+            assert gen.token_ids[-1] in eos
+        else:
+            assert len(gen.token_ids) == agent.max_response_len
+    assert any(g.finish_reason == "stop" for g in gens)  # warm-started agents do finish
+    short = engine.generate(prompts, SamplingSettings(max_new_tokens=2, n=2, seed=1))
+    assert all(g.finish_reason == "length" and len(g.token_ids) == 2 for g in short if g.token_ids[-1] not in eos)
+    again = engine.generate(prompts, settings)
+    assert [g.token_ids for g in again] == [g.token_ids for g in gens]
+    other = engine.generate(prompts, SamplingSettings(max_new_tokens=agent.max_response_len, n=4, seed=124))
+    assert [g.token_ids for g in other] != [g.token_ids for g in gens]
+
+
+def test_greedy_needs_one_sample_and_global_rng_is_untouched(load_zoo_agent):
+    agent = load_zoo_agent("tiny_a")
+    engine = engine_for(agent)
+    prompts = agent.encode_prompts(QUESTIONS)
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    greedy = engine.generate(prompts, SamplingSettings(max_new_tokens=10, temperature=0.0, seed=5))
+    assert torch.equal(torch.rand(3), expected)  # the engine's seed does not leak into the caller's RNG
+    assert len(greedy) == 2
+    with pytest.raises(ValueError, match="greedy"):
+        engine.generate(prompts, SamplingSettings(max_new_tokens=4, n=2, temperature=0.0))
+
+
+def test_generation_after_an_update_uses_the_new_weights(load_zoo_agent):
+    agent = load_zoo_agent("tiny_b")
+    engine = engine_for(agent)
+    prompts = agent.encode_prompts(QUESTIONS[:1])
+    settings = SamplingSettings(max_new_tokens=8, n=2, seed=3)
+    before = engine.generate(prompts, settings)
+    # one optimizer step that pushes the sampled responses' likelihood down hard
+    optimizer = torch.optim.SGD(agent.parameters(), lr=5.0)
+    for gen in before:
+        ids = torch.tensor([prompts[0] + gen.token_ids])
+        (agent.token_logprobs(ids, torch.ones_like(ids))[0, len(prompts[0]):].sum()).backward()
+    optimizer.step()
+    engine.sync_weights(agent.model)  # a no-op for the HF backend: it shares the module
+    after = engine.generate(prompts, settings)
+    for gen in after:
+        torch.testing.assert_close(torch.tensor(gen.logprobs), forward_logprobs(agent, prompts[0], gen, 1.0),
+                                   atol=1e-4, rtol=0)
+    assert [g.logprobs for g in after] != [g.logprobs for g in before]
+
+
+def test_hf_engine_refuses_another_module_and_split_response():
+    model = torch.nn.Linear(2, 2)
+    engine = HFEngine(model, eos_token_ids=[5], pad_token_id=0)
+    with pytest.raises(ValueError, match="shares the training module"):
+        engine.sync_weights(torch.nn.Linear(2, 2))
+    assert split_response([1, 5, 5, 0], [-1.0, -2.0, -3.0, -4.0], {5}, 4) == Generation([1, 5], "stop", [-1.0, -2.0])
+    assert split_response([1, 2, 3], [-1.0] * 3, {5}, 3) == Generation([1, 2, 3], "length", [-1.0] * 3)
+
+
+def test_unknown_backend_and_vllm_without_gpu_give_clear_errors():
+    with pytest.raises(ValueError, match="rollout=hf"):
+        make_engine("sglang", torch.nn.Linear(1, 1))
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match=r"\[vllm\].*rollout=hf"):
+        require_vllm()
+
+
+def test_vllm_sampling_mapping_and_output_conversion():
+    settings = SamplingSettings(max_new_tokens=16, n=4, temperature=0.9, top_p=1.0, top_k=0, seed=11, stop_token_ids=(9,))
+    kwargs = sampling_params_kwargs(settings, stop_token_ids=[2])
+    assert kwargs == dict(n=4, temperature=0.9, top_p=1.0, top_k=-1, max_tokens=16, seed=11, stop_token_ids=[2, 9],
+                          logprobs=0, detokenize=False, ignore_eos=False)
+    # FakeRequestOutput: vLLM cannot exist on this machine, so its output objects are stood in for
+    step = lambda token, lp: {token: SimpleNamespace(logprob=lp)}  # noqa: E731
+    fake = [SimpleNamespace(outputs=[
+        SimpleNamespace(token_ids=[4, 2], logprobs=[step(4, -0.1), step(2, -0.2)], finish_reason="stop", stop_reason=None),
+        SimpleNamespace(token_ids=[4], logprobs=[step(4, -0.3)], finish_reason="stop", stop_reason=2),
+        SimpleNamespace(token_ids=[4, 4], logprobs=[step(4, -0.1), step(4, -0.1)], finish_reason="length", stop_reason=None),
+    ])]
+    gens = to_generations(fake, stop_token_ids=[2])
+    assert gens == [Generation([4, 2], "stop", [-0.1, -0.2]), Generation([4, 2], "stop", [-0.3, 0.0]),
+                    Generation([4, 4], "length", [-0.1, -0.1])]
+
+
+@pytest.mark.gpu
+def test_vllm_engine_matches_trainer_and_syncs(load_zoo_agent, tmp_path):
+    pytest.importorskip("vllm")
+    from hacrl_lightning.rollout.vllm import VLLMEngine
+
+    agent = load_zoo_agent("tiny_b")
+    model_dir = agent.export(tmp_path / "tiny_b")
+    engine = VLLMEngine(agent.model, model_dir=model_dir, eos_token_ids=agent.eos_token_ids, gpu_memory_utilization=0.2,
+                        max_model_len=256, dtype="float32")
+    prompts = agent.encode_prompts(QUESTIONS)
+    settings = SamplingSettings(max_new_tokens=12, n=2, seed=0)
+    for index, gen in enumerate(engine.generate(prompts, settings)):
+        expected = forward_logprobs(agent, prompts[index // 2], gen, 1.0)
+        torch.testing.assert_close(torch.tensor(gen.logprobs), expected, atol=2e-3, rtol=0)
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.mul_(0.5)
+    engine.sync_weights(agent.model)
+    for index, gen in enumerate(engine.generate(prompts, settings)):
+        expected = forward_logprobs(agent, prompts[index // 2], gen, 1.0)
+        torch.testing.assert_close(torch.tensor(gen.logprobs), expected, atol=2e-3, rtol=0)

@@ -1,0 +1,164 @@
+"""The offline tiny-agent zoo: heterogeneous presets, lossless tokenizers, a cache that is never half-used."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hacrl_lightning.agents import zoo
+from hacrl_lightning.agents.zoo import MANIFEST, PRESETS, ensure_built, read_manifest, resolve_cache_dir
+from hacrl_lightning.data import TASK_ALPHABET, format_answer
+
+from conftest import ZOO_AGENTS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- the presets --------------------------------------------------------------------------------------
+
+
+def test_presets_differ_in_architecture_tokenizer_template_and_capability():
+    specs = [PRESETS[name] for name in ("tiny_a", "tiny_b", "tiny_c", "tiny_d")]
+    for attribute in ("model_type", "tokenizer", "chat_template", "seed"):
+        values = [json.dumps(getattr(s, attribute), default=str, sort_keys=True) for s in specs]
+        assert len(set(values)) == len(specs), attribute
+    assert len({s.warm_start.target_accuracy for s in specs}) == len(specs)
+    assert len({s.key() for s in specs}) == len(specs)
+    assert {s.tokenizer.kind for s in specs} == {"char", "bpe"}
+
+
+def test_built_agents_reach_different_capabilities(zoo_agents, zoo_cache):
+    facts = {name: read_manifest(zoo.entry_dir(name, zoo_cache))["facts"] for name in ZOO_AGENTS}
+    for name, fact in facts.items():
+        spec = PRESETS[name]
+        assert fact["probe_accuracy"] >= spec.warm_start.target_accuracy or fact["steps"] == spec.warm_start.max_steps
+        assert 0.02 <= fact["heldout_accuracy"] <= 0.8, (name, fact["heldout_accuracy"])
+        assert fact["parameters"] < 1_000_000
+    assert len({f["architecture"] for f in facts.values()}) == len(facts)
+    assert len({f["vocab_size"] for f in facts.values()}) == len(facts)
+
+
+# --- lossless tokenizers -------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet=TASK_ALPHABET, max_size=60), name=st.sampled_from(ZOO_AGENTS))
+def test_every_zoo_tokenizer_round_trips_task_text(zoo_agents, text, name):
+    agent = zoo_agents[name]
+    assert agent.decode_response(agent.encode_response([text])[0]) == text
+
+
+@settings(max_examples=40, deadline=None)
+@given(value=st.integers(-10**9, 10**9), name=st.sampled_from(ZOO_AGENTS))
+def test_every_zoo_tokenizer_round_trips_boxed_answers(zoo_agents, value, name):
+    agent = zoo_agents[name]
+    text = format_answer(str(value))
+    assert agent.decode_response(agent.encode_response([text])[0]) == text
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(max_size=30), name=st.sampled_from(ZOO_AGENTS))
+def test_zoo_tokenizers_are_lossless_beyond_the_task_alphabet(zoo_agents, text, name):
+    agent = zoo_agents[name]
+    assert agent.decode_response(agent.encode_response([text])[0]) == text
+
+
+# --- the cache -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def quick_preset(monkeypatch):
+    """A preset that builds in about a second (a few warm-start steps), registered as `quick`."""
+    base = PRESETS["tiny_c"]
+    spec = replace(base, name="quick", warm_start=replace(base.warm_start, target_accuracy=1.0, max_steps=4,
+                                                          eval_every=2, probe_size=8, pool_size=64))
+    monkeypatch.setitem(PRESETS, "quick", spec)
+    monkeypatch.setattr(zoo, "HELDOUT_SIZE", 16)
+    return spec
+
+
+def builds(name: str) -> int:
+    return zoo.stats[f"builds/{name}"]
+
+
+def test_loading_a_preset_again_uses_the_cache(zoo_agents, zoo_cache, load_zoo_agent):
+    entry = zoo.entry_dir("tiny_a", zoo_cache)
+    before, stamp = builds("tiny_a"), (entry / MANIFEST).stat().st_mtime_ns
+    assert ensure_built("tiny_a", cache_dir=zoo_cache) == entry
+    load_zoo_agent("tiny_a")
+    assert builds("tiny_a") == before and (entry / MANIFEST).stat().st_mtime_ns == stamp
+
+
+def test_a_damaged_entry_is_rebuilt(quick_preset, tmp_path):
+    entry = ensure_built("quick", cache_dir=tmp_path)
+    assert builds("quick") == 1 and read_manifest(entry) is not None
+    digest = read_manifest(entry)["files"]["model.safetensors"]["sha256"]
+    ensure_built("quick", cache_dir=tmp_path)
+    assert builds("quick") == 1
+    (entry / "model.safetensors").unlink()
+    assert read_manifest(entry) is None
+    assert ensure_built("quick", cache_dir=tmp_path) == entry and builds("quick") == 2
+    with open(entry / "tokenizer.json", "a") as handle:
+        handle.write(" ")
+    ensure_built("quick", cache_dir=tmp_path)
+    assert builds("quick") == 3
+    assert read_manifest(entry)["files"]["model.safetensors"]["sha256"] == digest  # deterministic builds
+
+
+def test_a_partial_entry_is_never_used(quick_preset, tmp_path, monkeypatch):
+    entry = zoo.entry_dir("quick", tmp_path)
+    entry.mkdir(parents=True)
+    (entry / "config.json").write_text("{}")  # files, but no manifest: an interrupted copy
+    real_build = zoo.build
+
+    def crash(spec, out_dir, **kwargs):
+        (Path(out_dir) / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(zoo, "build", crash)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_built("quick", cache_dir=tmp_path)
+    assert read_manifest(entry) is None
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == [entry.name]  # no staging left
+    monkeypatch.setattr(zoo, "build", real_build)
+    assert ensure_built("quick", cache_dir=tmp_path) == entry and read_manifest(entry) is not None
+    assert set(read_manifest(entry)["files"]) >= {"config.json", "model.safetensors", "tokenizer.json"}
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv(zoo.ENV_CACHE, str(tmp_path / "env"))
+    assert resolve_cache_dir(tmp_path / "arg") == tmp_path / "arg"
+    assert resolve_cache_dir() == tmp_path / "env"
+    monkeypatch.delenv(zoo.ENV_CACHE)
+    assert resolve_cache_dir() == Path("~/.cache/hacrl_lightning/zoo").expanduser()
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(KeyError, match=r"did you mean 'tiny_a'.*tiny_b"):
+        zoo.get_spec("tiny_aa")
+
+
+# --- command line --------------------------------------------------------------------------------------
+
+
+def test_cli_build_writes_a_standalone_hf_dir(zoo_agents, zoo_cache, tmp_path, capsys):
+    out = tmp_path / "tiny_c_export"
+    env = {**os.environ, zoo.ENV_CACHE: str(zoo_cache)}
+    done = subprocess.run([sys.executable, "-m", "hacrl_lightning.agents.zoo", "build", "tiny_c", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert type(model).__name__ == "GPT2LMHeadModel" and tokenizer.chat_template
+    assert zoo._main(["list", "--cache", str(zoo_cache)]) == 0
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in PRESETS) and "params" in listing
