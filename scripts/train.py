@@ -7,7 +7,7 @@
     python scripts/train.py --cfg job                        # print the composed config and exit
 
 Composes and validates the configuration (every problem reported at once, exit status 2), saves
-the resolved config in the run directory, then trains.
+the resolved config in the run directory, trains, exports each agent and prints a final table.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from omegaconf import OmegaConf  # noqa: E402
 
+from hacrl_lightning.agents.agent import AgentLoadError  # noqa: E402
+from hacrl_lightning.callbacks.checkpoint import latest_checkpoint, run_dir_of  # noqa: E402
 from hacrl_lightning.config import ConfigError  # noqa: E402
+from hacrl_lightning.training import train  # noqa: E402
 from hydra_config import compose_config, parse_cli, save_resolved  # noqa: E402
 
 
@@ -33,12 +36,31 @@ def main(argv: list[str]) -> int:
     if show:
         print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
         return 0
+    if cfg.resume:  # continue in the run directory of the checkpoint
+        cfg.run_dir = str(run_dir_of(latest_checkpoint(cfg.resume)))
     run_dir = Path(cfg.run_dir).resolve()
-    saved = save_resolved(dcfg, run_dir)
-    agents = ", ".join(cfg.agents)
-    print(f"config valid: {len(cfg.agents)} agents ({agents}), algorithm {cfg.algorithm.name}; saved {saved}")
-    print("training is not implemented yet (it lands with the training-system issue); stopping after validation.")
+    save_resolved(dcfg, run_dir, name="config.resumed.yaml" if cfg.resume else "config.yaml")
+    print(f"run directory: {run_dir}")
+    print(f"agents: {', '.join(cfg.agents)} | algorithm: {cfg.algorithm.name} | steps: {cfg.trainer.steps}")
+    try:
+        summary = train(cfg)
+    except (AgentLoadError, FileNotFoundError, KeyError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print_summary(summary)
     return 0
+
+
+def print_summary(summary: dict) -> None:
+    """The final table: held-out accuracy before and after, and the cost of each agent."""
+    rows = [("agent", "acc before", "acc after", "rollouts", "trained on", "updates")]
+    for name, row in summary["agents"].items():
+        rows.append((name, f"{row['initial'].get('acc', float('nan')):.3f}", f"{row['final'].get('acc', float('nan')):.3f}",
+                     str(row["rollouts_generated"]), str(row["responses_trained"]), str(row["optimizer_updates"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)))
+    print(f"{summary['steps']} steps in {summary['wall_s']:.1f} s; summary: {summary['run_dir']}/summary.json")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,57 @@
+"""Held-out evaluation callback: every agent on the held-out prompts before, during and after training.
+
+Greedy accuracy per agent (and avg@k / pass@k when `samples > 1`), logged as `{agent}/eval/acc`
+etc. and kept as a history of (step, rollouts generated so far, scores) that resumes with the run
+and feeds `summary.json` and the comparison plots. The generation itself is the DataModule's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import Callback
+
+
+class HeldOutEvalCallback(Callback):
+    def __init__(self, *, every: int, samples: int = 1):
+        self.every = every
+        self.samples = samples
+        self.history: list[dict[str, Any]] = []
+
+    def _evaluate(self, trainer, pl_module) -> None:
+        step = pl_module.steps_done
+        if self.history and self.history[-1]["step"] == step:
+            return
+        scores = trainer.datamodule.evaluate(samples=self.samples, step=step)
+        self.history.append({
+            "step": step,
+            "rollouts_generated": {name: c["rollouts_generated"] for name, c in pl_module.counters.items()},
+            "scores": scores,
+        })
+        if trainer.logger is not None and trainer.is_global_zero:
+            flat = {f"{name}/eval/{key}": value for name, row in scores.items() for key, value in row.items()}
+            trainer.logger.log_metrics(flat, step=step)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._evaluate(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.every and pl_module.steps_done % self.every == 0:
+            self._evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._evaluate(trainer, pl_module)
+
+    @property
+    def initial(self) -> dict[str, dict[str, float]]:
+        return self.history[0]["scores"] if self.history else {}
+
+    @property
+    def final(self) -> dict[str, dict[str, float]]:
+        return self.history[-1]["scores"] if self.history else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict["history"])

@@ -1,0 +1,26 @@
+"""Weight sync callback: after each training step, push every updated agent to its rollout engine.
+
+Runs once per step, after all learners have stepped, so the next step's rollouts come from the new
+weights (strictly on-policy). For the HF backend the engine holds the training module and the push
+is a no-op; for vLLM it copies the weights. The time it takes is logged as `time/weight_sync`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from lightning.pytorch import Callback
+
+
+class WeightSyncCallback(Callback):
+    def __init__(self):
+        self.last_seconds = 0.0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        engines = trainer.datamodule.engines
+        start = time.perf_counter()
+        for name, agent in pl_module.agents.items():
+            if pl_module.updated_agents.get(name):
+                engines[name].sync_weights(agent.model)
+        self.last_seconds = time.perf_counter() - start
+        pl_module.log("time/weight_sync", self.last_seconds, on_step=True, on_epoch=False, batch_size=1)

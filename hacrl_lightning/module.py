@@ -1,0 +1,305 @@
+"""HACRLModule: N agents, one optimizer each, manual optimization, one HACPO step per prompt batch.
+
+`training_step` reads top to bottom as Algorithm 1 of the paper (HACPO_SPEC §7): rollouts from
+every agent's current weights, one reward per response, the capability window and omega, each
+source's old log-probs (one forward pass over its own responses, shared by every learner), then
+for each learner its view of the responses, its advantages, and mini-batches ordered own-first
+with the mini-batch index m handed to the loss. Single-agent algorithms (grpo, gspo, gspo_x2) run
+the same loop with views that hold only the learner's own responses, so one run compares like
+with like. Deliberately not here: sampling and rewards (the DataModule), retokenization
+(`agents/exchange.py`), the math (`algorithms/`), and checkpoint/eval/sync policy (callbacks).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+from hacrl_lightning.agents.agent import Agent
+from hacrl_lightning.agents.exchange import AgentView, view_for
+from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, select_cross_samples, step_accuracy
+from hacrl_lightning.config import TrainConfig, parse_cross_samples
+from hacrl_lightning.datamodule import StepRollouts, step_seed
+
+
+def _detach_mean(values: list[torch.Tensor]) -> float:
+    return float(torch.stack([v.float() for v in values]).mean()) if values else float("nan")
+
+
+class HACRLModule(pl.LightningModule):
+    def __init__(self, cfg: TrainConfig, agents: dict[str, Agent]):
+        super().__init__()
+        self.cfg = cfg
+        self.alg = cfg.algorithm
+        self.agents = nn.ModuleDict(agents)
+        self.names = list(agents)
+        self.automatic_optimization = False
+        self.references = nn.ModuleDict()
+        if self.alg.kl_coef > 0:  # β = 0 must not load a reference model (HACPO_SPEC §6)
+            for name, agent in agents.items():
+                reference = Agent(name, _frozen_copy(agent.model), agent.tokenizer, agent.cfg)
+                self.references[name] = reference
+        self.cross_cap = parse_cross_samples(self.alg.cross_samples_per_prompt)
+        self.capability = None            # set by CapabilityCallback
+        self.cross_clip_bounds = None     # set by StepwiseClipCallback (else computed from m)
+        self.steps_done = 0
+        self.counters = {name: {"rollouts_generated": 0, "responses_trained": 0, "optimizer_updates": 0,
+                                "skipped_updates": 0} for name in self.names}
+        self.updated_agents: dict[str, bool] = {}
+        self.last_metrics: dict[str, float] = {}
+
+    # -- optimizers -----------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        mesh = getattr(self, "device_mesh", None)
+        if mesh is None:
+            return
+        from hacrl_lightning.strategies import shard_agent
+
+        for agent in self.agents.values():
+            shard_agent(agent.model, mesh["data_parallel"])
+
+    def configure_optimizers(self):
+        optimizers, schedulers = [], []
+        for name in self.names:
+            agent = self.agents[name]
+            opt = torch.optim.AdamW(agent.parameters(), lr=agent.cfg.lr, betas=tuple(agent.cfg.betas),
+                                    weight_decay=agent.cfg.weight_decay)
+            warmup = agent.cfg.lr_warmup_steps
+            schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda u, w=warmup: min(1.0, (u + 1) / w) if w else 1.0)
+            optimizers.append(opt)
+            schedulers.append({"scheduler": schedule, "interval": "step"})
+        return optimizers, schedulers
+
+    def _optimizers(self):
+        opts = self.optimizers()
+        opts = opts if isinstance(opts, list) else [opts]
+        scheds = self.lr_schedulers()
+        scheds = scheds if isinstance(scheds, list) else [scheds]
+        assert len(opts) == len(self.names) == len(scheds), "one optimizer and schedule per agent, in agent order"
+        return dict(zip(self.names, opts)), dict(zip(self.names, scheds))
+
+    # -- sizes ----------------------------------------------------------------------------------
+
+    def mini_batch_samples(self) -> int:
+        """Responses per mini-batch: mini_batch_prompts / multiplier prompts of G * multiplier responses."""
+        mult = self.alg.rollout_multiplier
+        return (self.cfg.trainer.mini_batch_prompts // mult) * self.cfg.rollout.group_size * mult
+
+    def max_mini_batches(self) -> int:
+        """Mini-batches per learner per step (n·P/mini_batch_prompts for HACPO, HACPO_SPEC §7)."""
+        world = self.trainer.world_size if self._trainer is not None else 1
+        group = self.cfg.rollout.group_size * self.alg.rollout_multiplier
+        per_prompt = group * (len(self.names) if self.alg.share_rollouts else 1)
+        if self.alg.share_rollouts and self.cross_cap is not None:
+            per_prompt = group + min(self.cross_cap, group * (len(self.names) - 1))
+        samples = self.cfg.data.prompts_per_step // world * per_prompt
+        return max(1, math.ceil(samples / self.mini_batch_samples()))
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        # RL forward passes run without dropout, so old and new log-probs of a response agree
+        self.agents.eval()
+        self.references.eval()
+
+    def training_step(self, batch, batch_idx):
+        step = self.steps_done
+        dm = self.trainer.datamodule
+
+        # 1-3. rollouts from the current weights, one reward each
+        rolled: StepRollouts = dm.rollout(batch, step=step)
+        for name in self.names:
+            self.counters[name]["rollouts_generated"] += len(batch) * rolled.group_size
+
+        # 4. capability window over the global batch, omega
+        acc = self._global_mean(step_accuracy(rolled.rewards), weight=rolled.rewards.shape[0])
+        self.capability.update(acc)
+        omega = self.capability.omega()                                                    # [n, n]
+
+        # 5-6a. each learner's view; each source's old log-probs on its own responses, shared
+        start = time.perf_counter()
+        prompt_ids = [example.prompt_id for example in rolled.examples]
+        views = {}
+        for name in self.names:
+            rollouts = rolled.rollouts if self.alg.share_rollouts else [r for r in rolled.rollouts if r.source == name]
+            views[name] = view_for(self.agents[name], rollouts, sources=self.names, prompt_ids=prompt_ids)
+        exchange_s = time.perf_counter() - start
+        start = time.perf_counter()
+        old_mean, old_tokens, ref_tokens = self._old_logprobs(views, rolled.rewards.shape)  # [P, n, G], {k: [B, T]}
+        old_s = time.perf_counter() - start
+
+        # 6b-c. advantages from each learner's view, then its mini-batches
+        advantages = compute_advantages(rolled.rewards, omega, self.alg)                   # [n, P, n, G]
+        start = time.perf_counter()
+        metrics: dict[str, float] = {}
+        for k, name in enumerate(self.names):
+            metrics.update(self._update_learner(k, name, views[name], advantages[k], old_mean, old_tokens[name],
+                                                ref_tokens.get(name), omega, step))
+        update_s = time.perf_counter() - start
+
+        # 7. weight sync runs in WeightSyncCallback; metrics
+        self.steps_done += 1
+        metrics.update(self._rollout_metrics(rolled, acc, omega))
+        metrics.update({"time/rollout": rolled.timings["rollout"], "time/reward": rolled.timings["reward"],
+                        "time/exchange": exchange_s, "time/old_logprobs": old_s, "time/update": update_s})
+        self.last_metrics = metrics
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
+        for name in self.names:
+            self.log(f"{name[:8]}_acc", metrics[f"{name}/acc"], prog_bar=True, logger=False,
+                     on_step=True, on_epoch=False, batch_size=len(batch))
+
+    # -- pieces of the step -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _old_logprobs(self, views: dict[str, AgentView], shape: torch.Size):
+        """One forward pass per source over its own responses, before any update (HACPO_SPEC §5
+        Decision). Returns the mean old log-prob of every response as a [P, n, G] table that every
+        learner reads for cross responses, and per learner the per-token old (and reference)
+        log-probs of its own rows [B, T] (zero on cross rows), which the token-level loss and KL use."""
+        table = torch.zeros(shape)                                                          # [P, n, G]
+        old_tokens, ref_tokens = {}, {}
+        for j, name in enumerate(self.names):
+            view, agent = views[name], self.agents[name]
+            old_tokens[name] = torch.zeros(view.input_ids.shape)                            # [B, T]
+            if name in self.references:
+                ref_tokens[name] = torch.zeros(view.input_ids.shape)
+            for rows in torch.nonzero(view.is_own).flatten().split(self.cfg.trainer.micro_batch_size):
+                micro = view.select(rows).to(self.device)
+                logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
+                mask = micro.loss_mask
+                old_tokens[name][rows, : logp.shape[1]] = logp.float().cpu()
+                means = ((logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)).float().cpu()
+                table[view.prompt_idx[rows], j, view.sample_idx[rows]] = means
+                if name in self.references:
+                    ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask,
+                                                               temperature=agent.cfg.temperature)
+                    ref_tokens[name][rows, : ref.shape[1]] = ref.float().cpu()
+        return table, old_tokens, ref_tokens
+
+    def _order(self, view: AgentView, k: int, step: int) -> torch.Tensor:
+        """Row order for learner k: own responses first, then partners' in agent order (HACPO_SPEC §6
+        Decision), each part shuffled with a seeded generator; cross rows capped per prompt if asked."""
+        generator = torch.Generator().manual_seed(step_seed(self.cfg.seed, step, salt=31 + k))
+        own = torch.nonzero(view.is_own).flatten()
+        cross_mask = ~view.is_own
+        if self.cross_cap is not None:
+            cross_mask = cross_mask & select_cross_samples(view.source_idx, view.prompt_idx, learner=k,
+                                                           per_prompt=self.cross_cap, generator=generator)
+        cross = torch.nonzero(cross_mask).flatten()
+        own = own[torch.randperm(len(own), generator=generator)]
+        cross = cross[torch.randperm(len(cross), generator=generator)]
+        cross = cross[torch.argsort(view.source_idx[cross], stable=True)]  # partners in agent order
+        return torch.cat([own, cross])
+
+    def _update_learner(self, k: int, name: str, view: AgentView, adv_k: torch.Tensor, old_mean: torch.Tensor,
+                        old_tokens: torch.Tensor, ref_tokens: torch.Tensor | None, omega: torch.Tensor,
+                        step: int) -> dict[str, float]:
+        """All mini-batch updates of learner k in this step; returns its metrics."""
+        agent = self.agents[name]
+        opts, scheds = self._optimizers()
+        opt, sched = opts[name], scheds[name]
+        order = self._order(view, k, step)
+        advantages = adv_k[view.prompt_idx, view.source_idx, view.sample_idx]              # [B]
+        old_means = old_mean[view.prompt_idx, view.source_idx, view.sample_idx]             # [B]
+        omega_factor = omega[view.source_idx, k]                                            # [B]  omega[j, k]
+        collected = defaultdict(list)
+        grad_norms = []
+        for m, mini in enumerate(order.split(self.mini_batch_samples())):
+            opt.zero_grad(set_to_none=True)
+            total_tokens = view.loss_mask[mini].sum().clamp(min=1)
+            total_seqs = torch.tensor(float(len(mini)))
+            lower = self.cross_clip_bounds[m] if self.cross_clip_bounds and m < len(self.cross_clip_bounds) else None
+            for rows in mini.split(self.cfg.trainer.micro_batch_size):
+                micro = view.select(rows).to(self.device)
+                logp = agent.token_logprobs(micro.input_ids, micro.attention_mask,
+                                            temperature=agent.cfg.temperature)              # [b, T]
+                width = logp.shape[1]
+                on_device = lambda t: t.to(self.device)  # noqa: E731
+                loss, metrics = hacpo_loss(
+                    logp_new=logp, loss_mask=micro.loss_mask, advantages=on_device(advantages[rows]),
+                    is_own=micro.is_own, cfg=self.alg, m=m, cross_lower=lower,
+                    old_logp_mean=on_device(old_means[rows]),
+                    old_logp=on_device(old_tokens[rows, :width]),
+                    omega_factor=on_device(omega_factor[rows]),
+                    ref_logp=None if ref_tokens is None else on_device(ref_tokens[rows, :width]),
+                    total_tokens=total_tokens.to(self.device), total_seqs=total_seqs.to(self.device),
+                    loss_scale_factor=float(agent.cfg.max_response_len),
+                )
+                self.manual_backward(loss)
+                for key, value in metrics.items():
+                    collected[key].append(value)
+            grad_norm = self._clip(agent)
+            if not torch.isfinite(grad_norm):
+                opt.zero_grad(set_to_none=True)
+                self.counters[name]["skipped_updates"] += 1
+                continue
+            grad_norms.append(grad_norm)
+            opt.step()
+            sched.step()
+            self.counters[name]["optimizer_updates"] += 1
+        self.counters[name]["responses_trained"] += len(order)
+        self.updated_agents[name] = True
+        out = {f"{name}/{key}": _detach_mean(values) for key, values in collected.items()}
+        out[f"{name}/grad_norm"] = _detach_mean(grad_norms)
+        out[f"{name}/updates"] = float(len(grad_norms))
+        return out
+
+    def _clip(self, agent: Agent) -> torch.Tensor:
+        """Per-agent gradient-norm clip (0 = off); returns the total norm before clipping."""
+        max_norm = agent.cfg.grad_clip if agent.cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(agent.parameters(), max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def _global_mean(self, values: torch.Tensor, *, weight: int) -> torch.Tensor:
+        """Mean over every rank's share of the batch (weighted by each rank's prompt count)."""
+        if self.trainer.world_size == 1:
+            return values
+        total = self.all_gather(values.to(self.device) * weight).sum(0)
+        count = self.all_gather(torch.tensor(float(weight), device=self.device)).sum()
+        return (total / count).cpu()
+
+    def _rollout_metrics(self, rolled: StepRollouts, acc: torch.Tensor, omega: torch.Tensor) -> dict[str, float]:
+        metrics = {}
+        n, group = len(self.names), rolled.group_size
+        for j, name in enumerate(self.names):
+            own = rolled.rollouts
+            lengths = [len(r.token_ids) for r in own if r.source == name]
+            truncated = [r.finish_reason == "length" for r in own if r.source == name]
+            metrics[f"{name}/reward"] = float(rolled.rewards[:, j].mean())
+            metrics[f"{name}/acc"] = float(acc[j])
+            metrics[f"{name}/resp_len"] = sum(lengths) / max(1, len(lengths))
+            metrics[f"{name}/truncated_frac"] = sum(truncated) / max(1, len(truncated))
+            for i, partner in enumerate(self.names):
+                if i != j and self.alg.share_rollouts:
+                    metrics[f"{name}/omega/{partner}"] = float(omega[i, j])  # factor on learner j's cross term from i
+        tokens = sum(len(r.token_ids) for r in rolled.rollouts)
+        metrics["throughput/rollout_tokens_per_s"] = tokens / max(rolled.timings["rollout"], 1e-9)
+        metrics["perf/equal_reward_prompts"] = float((rolled.rewards.flatten(1).std(-1) == 0).float().mean()) if n * group > 1 else 0.0
+        return metrics
+
+    # -- checkpoint extras ------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["hacrl"] = {"steps_done": self.steps_done, "counters": self.counters, "agents": self.names}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint["hacrl"]
+        if state["agents"] != self.names:
+            raise ValueError(f"checkpoint agents {state['agents']} != this run's {self.names}; resume with the same agents")
+        self.steps_done = state["steps_done"]
+        self.counters = state["counters"]
+
+
+def _frozen_copy(model: nn.Module) -> nn.Module:
+    import copy
+
+    reference = copy.deepcopy(model)
+    reference.requires_grad_(False)
+    reference.eval()
+    return reference

@@ -1,0 +1,109 @@
+"""Run one training job from a validated `TrainConfig`: agents, Lightning Trainer, exports, summary.
+
+`train(cfg)` is what `scripts/train.py` (and `scripts/compare.py`) call: it loads the agents,
+wires the module, DataModule, callbacks and TensorBoard logger, fits (resuming when asked),
+exports each agent as a standalone Hugging Face directory and writes `summary.json` in the run
+directory. Deliberately not here: Hydra (the scripts compose the config) and any training math.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from hacrl_lightning.agents.agent import Agent
+from hacrl_lightning.callbacks.capability import CapabilityCallback
+from hacrl_lightning.callbacks.checkpoint import StepCheckpoint, latest_checkpoint
+from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
+from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
+from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
+from hacrl_lightning.config import TrainConfig
+from hacrl_lightning.data.tasks import task_check_texts
+from hacrl_lightning.datamodule import RolloutDataModule
+from hacrl_lightning.module import HACRLModule
+from hacrl_lightning.strategies import make_strategy
+
+
+def load_agents(cfg: TrainConfig) -> dict[str, Agent]:
+    """Every configured agent, in config order (= optimizer order), checked lossless on the task's texts."""
+    texts = task_check_texts(cfg.data)
+    return {name: Agent.load(name, agent_cfg, zoo_cache=cfg.zoo_cache, check_texts=texts)
+            for name, agent_cfg in cfg.agents.items()}
+
+
+def build_trainer(cfg: TrainConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
+    logger = TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False)
+    tr = cfg.trainer
+    return pl.Trainer(
+        accelerator=tr.accelerator, devices=tr.devices, num_nodes=tr.num_nodes, strategy=make_strategy(tr),
+        precision=tr.precision, max_epochs=1, logger=logger, callbacks=callbacks,
+        log_every_n_steps=tr.log_every, enable_checkpointing=False, use_distributed_sampler=False,
+        num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir),
+    )
+
+
+def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = ()) -> dict[str, Any]:
+    """Fit, export and summarise one run; returns the summary (also written to summary.json).
+
+    `extra_callbacks` are appended to the run's own (capability window, clip schedule, weight
+    sync, held-out evaluation, checkpoints)."""
+    started = time.perf_counter()
+    run_dir = Path(cfg.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    agents = load_agents(cfg)
+    module = HACRLModule(cfg, agents)
+    datamodule = RolloutDataModule(cfg, agents)
+    evaluation = HeldOutEvalCallback(every=cfg.trainer.eval_every, samples=cfg.trainer.eval_samples)
+    callbacks = [
+        CapabilityCallback(list(agents), cfg.algorithm),
+        StepwiseClipCallback(cfg.algorithm),
+        WeightSyncCallback(),
+        evaluation,
+        StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every),
+        *extra_callbacks,
+    ]
+    trainer = build_trainer(cfg, run_dir, callbacks)
+    ckpt_path = str(latest_checkpoint(cfg.resume)) if cfg.resume else None
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+
+    exports = {}
+    if cfg.trainer.export_agents:
+        for name, agent in module.agents.items():
+            exports[name] = str(agent.export(run_dir / "exports" / name))
+    summary = make_summary(cfg, module, evaluation, exports, wall_s=time.perf_counter() - started)
+    if trainer.is_global_zero:
+        tmp = run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, run_dir / "summary.json")
+    return summary
+
+
+def make_summary(cfg: TrainConfig, module: HACRLModule, evaluation: HeldOutEvalCallback,
+                 exports: dict[str, str], *, wall_s: float) -> dict[str, Any]:
+    agents = {}
+    for name in module.names:
+        agents[name] = {
+            "initial": evaluation.initial.get(name, {}),
+            "final": evaluation.final.get(name, {}),
+            "steps": module.steps_done,
+            **module.counters[name],
+            "export": exports.get(name),
+        }
+    return {
+        "algorithm": cfg.algorithm.name,
+        "seed": cfg.seed,
+        "steps": module.steps_done,
+        "wall_s": round(wall_s, 2),
+        "run_dir": str(Path(cfg.run_dir).resolve()),
+        "agents": agents,
+        "eval_history": evaluation.history,
+    }

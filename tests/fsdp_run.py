@@ -1,0 +1,32 @@
+"""Run scripts/train.py's training on 2 CPU processes over gloo with per-agent FSDP2 (a subprocess of
+tests/test_training.py: Lightning's launcher re-executes sys.argv, so this must not run under pytest).
+
+    python tests/fsdp_run.py RUN_DIR ZOO_CACHE STEPS [resume]
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from hydra_config import compose_config  # noqa: E402
+
+from hacrl_lightning.training import train  # noqa: E402
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    run_dir, zoo_cache, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    overrides = [
+        "agents=[tiny_a,tiny_b]", "trainer.strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
+        f"trainer.steps={steps}", "data.prompts_per_step=4", "trainer.mini_batch_prompts=2", "rollout.group_size=2",
+        "trainer.eval_every=0", "data.eval_size=4", "trainer.checkpoint_every=1", "trainer.export_agents=true",
+        f"zoo_cache={zoo_cache}", f"run_dir={run_dir}",
+    ]
+    if len(sys.argv) > 4 and sys.argv[4] == "resume":
+        overrides.append(f"resume={run_dir}")
+    cfg, _ = compose_config(overrides)
+    summary = train(cfg)
+    print(f"RANK-DONE steps={summary['steps']} updates={[a['optimizer_updates'] for a in summary['agents'].values()]}")

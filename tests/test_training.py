@@ -1,0 +1,163 @@
+"""The Lightning training system on real tiny zoo agents: the HACPO step, on-policy rollouts, exact resume."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+import hacrl_lightning.module as module_mod
+from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
+from hacrl_lightning.training import train
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from hydra_config import compose_config  # noqa: E402
+
+THREE = "agents=[tiny_a,tiny_b,tiny_c]"
+
+
+def config(tmp_path, zoo_cache, *overrides):
+    """A small, fast run: 4 prompts per step, G = 2, mini-batches of 2 prompts, no periodic eval."""
+    cfg, _ = compose_config([
+        "trainer.steps=2", "data.prompts_per_step=4", "trainer.mini_batch_prompts=2", "rollout.group_size=2",
+        "trainer.eval_every=0", "data.eval_size=8", "trainer.export_agents=false", "trainer.micro_batch_size=8",
+        f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}", *overrides,
+    ])
+    return cfg
+
+
+def snapshot(module) -> dict[str, torch.Tensor]:
+    return {name: torch.cat([p.detach().flatten().clone() for p in agent.parameters()])
+            for name, agent in module.agents.items()}
+
+
+class Spy:
+    """Records what the real training code does (it calls through; nothing is replaced)."""
+
+    def __init__(self, monkeypatch):
+        self.losses: list[tuple[str, int]] = []
+        self.steps: list[tuple[str, set[str]]] = []
+        self.generated_with: list[dict[str, torch.Tensor]] = []
+        self.after_step: list[dict[str, torch.Tensor]] = []
+        real_loss = module_mod.hacpo_loss
+        spy = self
+
+        def loss_spy(**kwargs):
+            spy.losses.append((spy.current, kwargs["m"]))
+            return real_loss(**kwargs)
+
+        monkeypatch.setattr(module_mod, "hacpo_loss", loss_spy)
+        real_update = module_mod.HACRLModule._update_learner
+
+        def update_spy(module, k, name, *args, **kwargs):
+            spy.current = name
+            before = snapshot(module)
+            # every optimizer step of this learner: only this learner's weights may move
+            opt = module._optimizers()[0][name].optimizer
+            handle = opt.register_step_post_hook(lambda *_: spy._check_step(module, name))
+            spy._last = before
+            try:
+                return real_update(module, k, name, *args, **kwargs)
+            finally:
+                handle.remove()
+
+        monkeypatch.setattr(module_mod.HACRLModule, "_update_learner", update_spy)
+        from hacrl_lightning.datamodule import RolloutDataModule
+
+        real_rollout = RolloutDataModule.rollout
+
+        def rollout_spy(dm, examples, *, step):
+            spy.generated_with.append({name: torch.cat([p.detach().flatten().clone() for p in agent.parameters()])
+                                       for name, agent in dm.agents.items()})
+            return real_rollout(dm, examples, step=step)
+
+        monkeypatch.setattr(RolloutDataModule, "rollout", rollout_spy)
+        real_end = module_mod.HACRLModule.training_step
+
+        def step_spy(module, batch, batch_idx):
+            out = real_end(module, batch, batch_idx)
+            spy.after_step.append(snapshot(module))
+            return out
+
+        monkeypatch.setattr(module_mod.HACRLModule, "training_step", step_spy)
+
+    def _check_step(self, module, name):
+        now = snapshot(module)
+        changed = {agent for agent in now if not torch.equal(now[agent], self._last[agent])}
+        self.steps.append((name, changed))
+        self._last = now
+
+
+def test_one_hacpo_step_on_three_agents(tmp_path, zoo_cache, monkeypatch):
+    spy = Spy(monkeypatch)
+    cfg = config(tmp_path, zoo_cache, THREE, "trainer.steps=1")
+    summary = train(cfg)
+    n, prompts, mini = 3, 4, 2
+    updates = n * prompts // mini  # HACPO_SPEC §7: n·P / mini_batch_prompts = 6
+    for name in ("tiny_a", "tiny_b", "tiny_c"):
+        stepped = [changed for who, changed in spy.steps if who == name]
+        assert len(stepped) == updates
+        assert all(changed <= {name} for changed in stepped), stepped  # only the stepped agent moved
+        assert any(changed == {name} for changed in stepped)
+        ms = sorted({m for who, m in spy.losses if who == name})
+        assert ms == list(range(updates))  # m = 0, 1, 2, ... handed to the loss
+        row = summary["agents"][name]
+        assert row["optimizer_updates"] == updates
+        assert row["rollouts_generated"] == prompts * 2
+        assert row["responses_trained"] == n * prompts * 2
+
+
+def test_single_agent_algorithm_trains_side_by_side_without_sharing(tmp_path, zoo_cache, monkeypatch):
+    spy = Spy(monkeypatch)
+    summary = train(config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "algorithm=gspo", "trainer.steps=1"))
+    for name in ("tiny_a", "tiny_b"):
+        assert summary["agents"][name]["responses_trained"] == 4 * 2  # own responses only
+        assert summary["agents"][name]["optimizer_updates"] == 4 // 2
+    assert all(changed <= {who} for who, changed in spy.steps)  # (all-equal rewards give no gradient)
+
+
+def test_rollouts_are_on_policy(tmp_path, zoo_cache, monkeypatch):
+    spy = Spy(monkeypatch)
+    train(config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=3"))
+    assert len(spy.generated_with) == 3 and len(spy.after_step) == 3
+    for t in range(2):  # step t+1 generates with exactly the weights left by step t
+        for name in ("tiny_a", "tiny_b"):
+            assert torch.equal(spy.generated_with[t + 1][name], spy.after_step[t][name])
+            assert not torch.equal(spy.generated_with[t + 1][name], spy.generated_with[t][name])
+
+
+def test_exact_resume(tmp_path, zoo_cache):
+    straight = train(config(tmp_path / "a", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4"))
+    first = config(tmp_path / "b", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4", "trainer.checkpoint_every=2")
+    train(first, extra_callbacks=[StopAfter(2)])  # interrupted half-way, after the step-2 checkpoint
+    resumed_cfg = config(tmp_path / "b", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4",
+                         f"resume={tmp_path / 'b' / 'run'}")
+    resumed = train(resumed_cfg)
+    assert resumed["steps"] == straight["steps"] == 4
+    ckpt_a = torch.load(latest_checkpoint(tmp_path / "a" / "run"), weights_only=False)
+    ckpt_b = torch.load(latest_checkpoint(tmp_path / "b" / "run"), weights_only=False)
+    for key, value in ckpt_a["state_dict"].items():
+        assert torch.equal(value, ckpt_b["state_dict"][key]), key
+    assert ckpt_a["callbacks"] == ckpt_b["callbacks"] or _same_callback_state(ckpt_a, ckpt_b)
+    for name in ("tiny_a", "tiny_b"):
+        for key in ("rollouts_generated", "responses_trained", "optimizer_updates"):
+            assert straight["agents"][name][key] == resumed["agents"][name][key]
+        assert straight["agents"][name]["final"] == resumed["agents"][name]["final"]
+
+
+class StopAfter(Callback):
+    def __init__(self, steps):
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        if pl_module.steps_done >= self.steps:
+            trainer.should_stop = True
+
+
+def _same_callback_state(a, b) -> bool:
+    keys = [k for k in a["callbacks"] if "Capability" in k]
+    return all(a["callbacks"][k] == b["callbacks"][k] for k in keys)
