@@ -138,7 +138,7 @@ class DataConfig:
     """Reward function by registered name (`exact_match`, `math_verify`)."""
     prompts_per_step: int = 8
     """P: prompts per training step (every agent answers each one G times)."""
-    eval_size: int = 64
+    eval_size: int = 128
     """Held-out prompts used for evaluation."""
     train_size: int = 2000
     """Synthetic task: training prompts generated."""
@@ -155,7 +155,7 @@ class TrainerConfig:
     """The Lightning Trainer and the update loop. Budgets count training steps (prompt batches),
     not Lightning's global_step (which counts one optimizer step per agent update)."""
 
-    steps: int = 30
+    steps: int = 150
     mini_batch_prompts: int = 4
     """Prompt groups per mini-batch (one optimizer update per learner per mini-batch)."""
     micro_batch_size: int = 16
@@ -166,7 +166,7 @@ class TrainerConfig:
     strategy: str = "auto"
     """`auto` (single device), `single`, or `fsdp` (ModelParallelStrategy with per-agent FSDP2)."""
     precision: str = "32-true"
-    eval_every: int = 10
+    eval_every: int = 25
     """Held-out evaluation every this many steps (0: only before and after training)."""
     eval_samples: int = 1
     """k for avg@k / pass@k in periodic evaluation (1: greedy accuracy only)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Dict
 
 import pytest
+from lightning.pytorch import Callback
 from omegaconf import OmegaConf
 
 from hacrl_lightning.agents import Agent
@@ -58,3 +59,26 @@ def load_zoo_agent(zoo_cache) -> Callable[..., Agent]:
 def zoo_agents(load_zoo_agent) -> Dict[str, Agent]:
     """tiny_a, tiny_b, tiny_c loaded once per session. Read-only: do not train or mutate them."""
     return {name: load_zoo_agent(name) for name in ZOO_AGENTS}
+
+
+class StopAfter(Callback):
+    """Interrupt a run after `steps` training steps (as a kill would, but after that step's checkpoint)."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        if pl_module.steps_done >= self.steps:
+            trainer.should_stop = True
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` are skipped where CUDA is not available."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,7 +1,7 @@
 """Run scripts/train.py's training on 2 CPU processes over gloo with per-agent FSDP2 (a subprocess of
 tests/test_training.py: Lightning's launcher re-executes sys.argv, so this must not run under pytest).
 
-    python tests/fsdp_run.py RUN_DIR ZOO_CACHE STEPS [resume]
+    python tests/fsdp_run.py RUN_DIR ZOO_CACHE STEPS [resume | stop_after_N]
 """
 
 import sys
@@ -12,6 +12,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
+from conftest import StopAfter  # noqa: E402
 from hydra_config import compose_config  # noqa: E402
 
 from hacrl_lightning.training import train  # noqa: E402
@@ -25,8 +26,10 @@ if __name__ == "__main__":
         "trainer.eval_every=0", "data.eval_size=4", "trainer.checkpoint_every=1", "trainer.export_agents=true",
         f"zoo_cache={zoo_cache}", f"run_dir={run_dir}",
     ]
-    if len(sys.argv) > 4 and sys.argv[4] == "resume":
+    extra = sys.argv[4] if len(sys.argv) > 4 else ""
+    if extra == "resume":
         overrides.append(f"resume={run_dir}")
+    callbacks = [StopAfter(int(extra.rsplit("_", 1)[1]))] if extra.startswith("stop_after_") else []
     cfg, _ = compose_config(overrides)
-    summary = train(cfg)
+    summary = train(cfg, extra_callbacks=callbacks)
     print(f"RANK-DONE steps={summary['steps']} updates={[a['optimizer_updates'] for a in summary['agents'].values()]}")
