@@ -360,6 +360,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     positive("rollout.eval_temperature", cfg.rollout.eval_temperature, strict=False)
 
     # data
+    from hacrl_lightning.data.tasks import task_names
+    from hacrl_lightning.rewards import reward_names
+
+    if cfg.data.name not in task_names():
+        bad("data.name", cfg.data.name, suggest(cfg.data.name, task_names()), "pick a task, e.g. data=synthetic")
+    if cfg.data.reward not in reward_names():
+        bad("data.reward", cfg.data.reward, suggest(cfg.data.reward, reward_names()), "set data.reward to a registered reward")
     positive("data.prompts_per_step", cfg.data.prompts_per_step)
     positive("data.eval_size", cfg.data.eval_size)
     positive("data.train_size", cfg.data.train_size)

@@ -185,3 +185,9 @@ def test_resolved_config_is_saved_without_interpolations(tmp_path):
     text = saved.read_text()
     assert "${" not in text and "tiny_b:" in text
     assert cfg.run_dir.startswith("runs/")  # ${now:...} resolved
+
+
+def test_unknown_task_and_reward_are_reported_together():
+    problems = problems_of(["data.name=gsm", "data.reward=exakt"])
+    assert [(p.key, p.value) for p in problems] == [("data.name", "gsm"), ("data.reward", "exakt")]
+    assert "synthetic" in problems[0].allowed and "exact_match" in problems[1].allowed
