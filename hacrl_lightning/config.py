@@ -174,6 +174,7 @@ class TrainerConfig:
     """Checkpoint every this many steps (0: only at the end)."""
     log_every: int = 1
     max_nonfinite_skips: int = 3
+    """Stop the run once an agent has skipped more updates than this for non-finite gradients."""
     export_agents: bool = True
     """Export each agent as a standalone Hugging Face model dir at the end."""
 

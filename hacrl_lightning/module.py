@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_warn
 import torch
 from torch import nn
 
@@ -235,9 +236,9 @@ class HACRLModule(pl.LightningModule):
                 for key, value in metrics.items():
                     collected[key].append(value)
             grad_norm = self._clip(agent)
-            if not torch.isfinite(grad_norm):
+            if not torch.isfinite(grad_norm):  # skip the update: weights and optimizer state stay as they were
                 opt.zero_grad(set_to_none=True)
-                self.counters[name]["skipped_updates"] += 1
+                self._nonfinite(name, step, m)
                 continue
             grad_norms.append(grad_norm)
             opt.step()
@@ -249,6 +250,15 @@ class HACRLModule(pl.LightningModule):
         out[f"{name}/grad_norm"] = _detach_mean(grad_norms)
         out[f"{name}/updates"] = float(len(grad_norms))
         return out
+
+    def _nonfinite(self, name: str, step: int, m: int) -> None:
+        skipped = self.counters[name]["skipped_updates"] = self.counters[name]["skipped_updates"] + 1
+        rank_zero_warn(f"agent {name!r}: non-finite gradient at step {step}, mini-batch {m}; update skipped "
+                       f"({skipped} so far)")
+        if skipped > self.cfg.trainer.max_nonfinite_skips:
+            raise RuntimeError(f"agent {name!r}: {skipped} updates skipped for non-finite gradients (more than "
+                               f"trainer.max_nonfinite_skips={self.cfg.trainer.max_nonfinite_skips}); lower "
+                               f"agents.{name}.lr or check the data, then resume from the last checkpoint")
 
     def _clip(self, agent: Agent) -> torch.Tensor:
         """Per-agent gradient-norm clip (0 = off); returns the total norm before clipping."""
@@ -266,11 +276,10 @@ class HACRLModule(pl.LightningModule):
 
     def _rollout_metrics(self, rolled: StepRollouts, acc: torch.Tensor, omega: torch.Tensor) -> dict[str, float]:
         metrics = {}
-        n, group = len(self.names), rolled.group_size
         for j, name in enumerate(self.names):
-            own = rolled.rollouts
-            lengths = [len(r.token_ids) for r in own if r.source == name]
-            truncated = [r.finish_reason == "length" for r in own if r.source == name]
+            own = [r for r in rolled.rollouts if r.source == name]
+            lengths = [len(r.token_ids) for r in own]
+            truncated = [r.finish_reason == "length" for r in own]
             metrics[f"{name}/reward"] = float(rolled.rewards[:, j].mean())
             metrics[f"{name}/acc"] = float(acc[j])
             metrics[f"{name}/resp_len"] = sum(lengths) / max(1, len(lengths))
@@ -280,7 +289,8 @@ class HACRLModule(pl.LightningModule):
                     metrics[f"{name}/omega/{partner}"] = float(omega[i, j])  # factor on learner j's cross term from i
         tokens = sum(len(r.token_ids) for r in rolled.rollouts)
         metrics["throughput/rollout_tokens_per_s"] = tokens / max(rolled.timings["rollout"], 1e-9)
-        metrics["perf/equal_reward_prompts"] = float((rolled.rewards.flatten(1).std(-1) == 0).float().mean()) if n * group > 1 else 0.0
+        joint = rolled.rewards.flatten(1)                                                     # [P, n*G]
+        metrics["rollout/equal_reward_frac"] = float((joint == joint[:, :1]).all(-1).float().mean())  # A = 0 there
         return metrics
 
     # -- checkpoint extras ------------------------------------------------------------------------

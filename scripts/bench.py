@@ -87,7 +87,7 @@ def bench_rollout(args) -> dict:
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:
-    cells = [[f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in columns] for r in rows]
+    cells = [[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
     for row in cells:
