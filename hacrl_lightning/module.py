@@ -132,7 +132,7 @@ class HACRLModule(pl.LightningModule):
             views[name] = view_for(self.agents[name], rollouts, sources=self.names, prompt_ids=prompt_ids)
         exchange_s = time.perf_counter() - start
         start = time.perf_counter()
-        old_mean, old_tokens, ref_tokens = self._old_logprobs(views, rolled.rewards.shape)  # [P, n, G], {k: [B, T]}
+        old_tokens, ref_tokens = self._old_logprobs(views, rolled.rewards.shape)  # {k: [B, T]}
         old_s = time.perf_counter() - start
 
         # 6b-c. advantages from each learner's view, then its mini-batches
@@ -140,7 +140,7 @@ class HACRLModule(pl.LightningModule):
         start = time.perf_counter()
         metrics: dict[str, float] = {}
         for k, name in enumerate(self.names):
-            metrics.update(self._update_learner(k, name, views[name], advantages[k], old_mean, old_tokens[name],
+            metrics.update(self._update_learner(k, name, views[name], advantages[k], old_tokens[name],
                                                 ref_tokens.get(name), omega, step))
         update_s = time.perf_counter() - start
 
@@ -160,9 +160,10 @@ class HACRLModule(pl.LightningModule):
     @torch.no_grad()
     def _old_logprobs(self, views: dict[str, AgentView], shape: torch.Size):
         """One forward pass per source over its own responses, before any update (HACPO_SPEC §5
-        Decision). Returns the mean old log-prob of every response as a [P, n, G] table that every
-        learner reads for cross responses, and per learner the per-token old (and reference)
-        log-probs of its own rows [B, T] (zero on cross rows), which the token-level loss and KL use."""
+        Decision). Each response's mean old log-prob goes into every learner's view
+        (`view.old_logprob_mean`, shared, in the source's tokenization); returned per learner are the
+        per-token old (and reference) log-probs of its own rows [B, T] (zero on cross rows), which
+        the token-level loss and the KL use."""
         table = torch.zeros(shape)                                                          # [P, n, G]
         old_tokens, ref_tokens = {}, {}
         for j, name in enumerate(self.names):
@@ -181,7 +182,9 @@ class HACRLModule(pl.LightningModule):
                     ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask,
                                                                temperature=agent.cfg.temperature)
                     ref_tokens[name][rows, : ref.shape[1]] = ref.float().cpu()
-        return table, old_tokens, ref_tokens
+        for view in views.values():
+            view.old_logprob_mean = table[view.prompt_idx, view.source_idx, view.sample_idx]  # [B]
+        return old_tokens, ref_tokens
 
     def _order(self, view: AgentView, k: int, step: int) -> torch.Tensor:
         """Row order for learner k: own responses first, then partners' in agent order (HACPO_SPEC §6
@@ -198,8 +201,7 @@ class HACRLModule(pl.LightningModule):
         cross = cross[torch.argsort(view.source_idx[cross], stable=True)]  # partners in agent order
         return torch.cat([own, cross])
 
-    def _update_learner(self, k: int, name: str, view: AgentView, adv_k: torch.Tensor, old_mean: torch.Tensor,
-                        old_tokens: torch.Tensor, ref_tokens: torch.Tensor | None, omega: torch.Tensor,
+    def _update_learner(self, k: int, name: str, view: AgentView, adv_k: torch.Tensor, old_tokens: torch.Tensor, ref_tokens: torch.Tensor | None, omega: torch.Tensor,
                         step: int) -> dict[str, float]:
         """All mini-batch updates of learner k in this step; returns its metrics."""
         agent = self.agents[name]
@@ -207,7 +209,6 @@ class HACRLModule(pl.LightningModule):
         opt, sched = opts[name], scheds[name]
         order = self._order(view, k, step)
         advantages = adv_k[view.prompt_idx, view.source_idx, view.sample_idx]              # [B]
-        old_means = old_mean[view.prompt_idx, view.source_idx, view.sample_idx]             # [B]
         omega_factor = omega[view.source_idx, k]                                            # [B]  omega[j, k]
         collected = defaultdict(list)
         grad_norms = []
@@ -225,7 +226,7 @@ class HACRLModule(pl.LightningModule):
                 loss, metrics = hacpo_loss(
                     logp_new=logp, loss_mask=micro.loss_mask, advantages=on_device(advantages[rows]),
                     is_own=micro.is_own, cfg=self.alg, m=m, cross_lower=lower,
-                    old_logp_mean=on_device(old_means[rows]),
+                    old_logp_mean=micro.old_logprob_mean,
                     old_logp=on_device(old_tokens[rows, :width]),
                     omega_factor=on_device(omega_factor[rows]),
                     ref_logp=None if ref_tokens is None else on_device(ref_tokens[rows, :width]),

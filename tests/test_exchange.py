@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hacrl_lightning.agents import Agent
-from hacrl_lightning.agents.exchange import Rollout, fill_old_logprob_means, make_rollouts, view_for
+from hacrl_lightning.agents.exchange import Rollout, make_rollouts, view_for
 from hacrl_lightning.config import DataConfig
 from hacrl_lightning.data import TASK_ALPHABET, synthetic_examples
 
@@ -214,18 +214,3 @@ def test_any_task_text_survives_the_exchange(zoo_agents, text, finished, pair):
     assert len(response) == len(learner.encode_response([text])[0]) + finished
 
 
-def test_old_logprob_means_are_the_sources_own_sequence_means(load_zoo_agent):
-    agent = load_zoo_agent("tiny_b")
-    rollouts = make_rollouts(agent, EXAMPLES[:2], sample(agent, [ex.prompt for ex in EXAMPLES[:2]], n=2, seed=3))
-    partner = make_rollouts(agent, EXAMPLES[:1], [generation(agent, "\\boxed{1}", True)])[0]
-    partner.source = "someone_else"
-    values = fill_old_logprob_means(agent, rollouts + [partner], micro_batch_size=3)
-    assert values.shape == (4,) and partner.old_logprob_mean is None
-    for r in rollouts:  # one unpadded sequence at a time, by hand
-        prompt = agent.encode_prompt(r.prompt)
-        ids = torch.tensor([prompt + r.token_ids])
-        with torch.no_grad():
-            logits = agent.model(input_ids=ids).logits[0, :-1].float()
-        logprobs = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-        expected = logprobs[len(prompt) - 1 :].mean().item() if r.token_ids else 0.0
-        assert r.old_logprob_mean == pytest.approx(expected, abs=1e-4)

@@ -5,7 +5,7 @@ Deliberately not here: sampling (`hacrl_lightning.rollout`) and training (the Li
 """
 
 from hacrl_lightning.agents.agent import Agent, AgentLoadError
-from hacrl_lightning.agents.exchange import AgentView, Rollout, fill_old_logprob_means, make_rollouts, view_for
+from hacrl_lightning.agents.exchange import AgentView, Rollout, make_rollouts, view_for
 from hacrl_lightning.agents.tokenizers import LossyTokenizerError
 
 __all__ = [
@@ -14,7 +14,6 @@ __all__ = [
     "AgentView",
     "LossyTokenizerError",
     "Rollout",
-    "fill_old_logprob_means",
     "make_rollouts",
     "view_for",
 ]

@@ -48,7 +48,7 @@ class Rollout:
     reward: Optional[float] = None
     """Filled by the reward step."""
     old_logprob_mean: Optional[float] = None
-    """The source's mean log-prob of its own response before any update (filled by `fill_old_logprob_means`)."""
+    """The source's mean log-prob of its own response before any update (filled by the trainer)."""
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
@@ -214,23 +214,3 @@ def _pad(learner: Agent, rollouts: Sequence[Rollout], rows, source_of, prompt_of
         prompt_truncated=column((row[2] for row in rows), torch.bool),
         response_truncated=column((row[3] for row in rows), torch.bool),
     )
-
-
-@torch.no_grad()
-def fill_old_logprob_means(agent: Agent, rollouts: Sequence[Rollout], *, temperature: float = 1.0,
-                           micro_batch_size: int = 16) -> torch.Tensor:
-    """Score `agent`'s own rollouts with its current weights; write and return their mean log-probs `[B_own]`."""
-    own = [r for r in rollouts if r.source == agent.name]
-    if not own:
-        return torch.zeros(0)
-    view = view_for(agent, own, sources=[agent.name])
-    device = next(agent.parameters()).device
-    means = []
-    for start in range(0, len(view), micro_batch_size):
-        mb = view.select(range(start, min(start + micro_batch_size, len(view)))).to(device)
-        means.append(agent.sequence_logprob_mean(mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                                 temperature=temperature).float().cpu())
-    values = torch.cat(means)
-    for rollout, value in zip(own, values.tolist()):
-        rollout.old_logprob_mean = value
-    return values

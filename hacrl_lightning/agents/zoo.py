@@ -226,27 +226,17 @@ def _batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[to
     return input_ids, attention_mask, loss_mask
 
 
-@torch.no_grad()
 def greedy_responses(agent: Agent, prompts: Sequence[str], *, max_new_tokens: int | None = None,
                      batch_size: int = 128) -> list[str]:
-    """Greedy responses (decoded, EOS dropped) of `agent` to question texts: the zoo's accuracy probe."""
-    max_new_tokens = max_new_tokens or agent.max_response_len
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=list(agent.eos_token_ids),
-                              pad_token_id=agent.pad_token_id)
-    was_training = agent.training
-    agent.eval()
-    texts: list[str] = []
-    for start in range(0, len(prompts), batch_size):
-        ids = agent.encode_prompts(prompts[start : start + batch_size])
-        width = max(map(len, ids))
-        input_ids = torch.tensor([[agent.pad_token_id] * (width - len(r)) + r for r in ids])
-        attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])
-        out = agent.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
-        for row in out[:, width:].tolist():
-            stop = next((t for t, token in enumerate(row) if token in agent.eos_token_ids), len(row))
-            texts.append(agent.decode_response(row[:stop]))
-    agent.train(was_training)
-    return texts
+    """Greedy responses (decoded, EOS dropped) of `agent` to question texts, through the rollout
+    engine the trainer uses: the zoo's accuracy probe."""
+    from hacrl_lightning.rollout.hf import HFEngine
+    from hacrl_lightning.rollout.engine import SamplingSettings
+
+    engine = HFEngine(agent.model, eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id,
+                      batch_size=batch_size)
+    settings = SamplingSettings(max_new_tokens=max_new_tokens or agent.max_response_len, temperature=0.0)
+    return [agent.decode_response(g.token_ids) for g in engine.generate(agent.encode_prompts(prompts), settings)]
 
 
 def greedy_accuracy(agent: Agent, examples: Sequence) -> float:
