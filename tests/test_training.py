@@ -167,7 +167,7 @@ def test_train_script_end_to_end(tmp_path, zoo_cache):
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "train.py"), "trainer.steps=2", "data.prompts_per_step=4",
          "trainer.mini_batch_prompts=2", "rollout.group_size=2", "trainer.eval_every=1", "data.eval_size=8",
-         f"zoo_cache={zoo_cache}", f"run_dir={run}"],
+         "trainer.eval_samples=3", f"zoo_cache={zoo_cache}", f"run_dir={run}"],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "acc before" in result.stdout and str(run) in result.stdout
@@ -175,7 +175,7 @@ def test_train_script_end_to_end(tmp_path, zoo_cache):
     tags = set(events.Tags()["scalars"])
     for agent in ("tiny_a", "tiny_b"):
         for tag in ("reward", "acc", "clip/self_frac", "clip/cross_frac", "ratio/cross_mean", "capability",
-                    "resp_len", "grad_norm", "eval/acc"):
+                    "resp_len", "grad_norm", "eval/acc", "eval/avg@3"):
             assert f"{agent}/{tag}" in tags, (agent, tag)
     assert "tiny_a/omega/tiny_b" in tags and {"time/rollout", "time/reward", "time/exchange", "time/update"} <= tags
     assert latest_checkpoint(run).name == "step_0000002.ckpt"
@@ -185,6 +185,7 @@ def test_train_script_end_to_end(tmp_path, zoo_cache):
         row = summary["agents"][agent]
         assert row["steps"] == 2 and row["optimizer_updates"] == 2 * (2 * 4 // 2)
         assert 0.0 <= row["initial"]["acc"] <= 1.0 and 0.0 <= row["final"]["acc"] <= 1.0
+        assert 0.0 <= row["final"]["avg@3"] <= row["final"]["pass@3"] <= 1.0  # k sampled answers per prompt
         model = AutoModelForCausalLM.from_pretrained(row["export"])
         tokenizer = AutoTokenizer.from_pretrained(row["export"])
         assert model.config.vocab_size >= len(tokenizer) and tokenizer.chat_template
