@@ -207,3 +207,29 @@ def test_two_process_fsdp_over_gloo_steps_saves_and_resumes(tmp_path, zoo_cache)
     assert second.returncode == 0, second.stderr[-3000:]
     assert second.stdout.count("RANK-DONE steps=2") == 2
     assert latest_checkpoint(run).name == "step_0000002.ckpt"
+
+
+def test_kl_to_a_frozen_reference_only_when_beta_is_positive(tmp_path, zoo_cache):
+    from hacrl_lightning.module import HACRLModule
+    from hacrl_lightning.training import load_agents
+
+    cfg = config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "algorithm.kl_coef=0.001", "trainer.steps=1")
+    initial = load_agents(cfg)
+    assert len(HACRLModule(config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]"), initial).references) == 0
+    captured = {}
+
+    class Grab(StopAfter):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            captured.update(pl_module.last_metrics)
+            captured["refs"] = {n: torch.cat([p.flatten() for p in r.parameters()]).clone()
+                                for n, r in pl_module.references.items()}
+            captured["policy"] = {n: torch.cat([p.flatten() for p in a.parameters()]).clone()
+                                  for n, a in pl_module.agents.items()}
+
+    train(cfg, extra_callbacks=[Grab(1)])
+    for name in ("tiny_a", "tiny_b"):
+        assert captured[f"{name}/loss/kl"] >= 0.0  # k3 is non-negative
+        assert not captured["refs"][name].requires_grad
+        start = torch.cat([p.flatten() for p in initial[name].parameters()])
+        assert torch.equal(captured["refs"][name], start)  # the reference stays at the starting weights
+        assert not torch.equal(captured["policy"][name], start)  # while the policy moved
