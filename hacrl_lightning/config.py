@@ -263,6 +263,25 @@ def parse_cross_samples(value: Any) -> Optional[int]:
     return number
 
 
+class _Checks:
+    """Collects Problems; the helpers word the common cases (a positive number, one of a list)."""
+
+    def __init__(self) -> None:
+        self.problems: List[Problem] = []
+
+    def bad(self, key: str, value: Any, allowed: str, fix: str) -> None:
+        self.problems.append(Problem(key, value, allowed, fix))
+
+    def positive(self, key: str, value: Any, *, strict: bool = True) -> None:
+        if value is None or (value <= 0 if strict else value < 0):
+            word = "positive" if strict else "non-negative"
+            self.bad(key, value, "> 0" if strict else ">= 0", f"set {key} to a {word} number")
+
+    def choice(self, key: str, value: Any, options) -> None:
+        if value not in options:
+            self.bad(key, value, f"one of {list(options)}", f"set {key} to one of them")
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check every cross-field rule and raise one `ConfigError` listing all problems; return cfg if fine.
 
@@ -270,140 +289,136 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     this covers values and relations between sections. Checks that need a model or a file on disk
     (tokenizer round-trip, prompt lengths) run when the agents are loaded.
     """
-    from hacrl_lightning.algorithms.registry import preset_names
+    c = _Checks()
+    for check in (_check_agents, _check_algorithm, _check_rollout, _check_data, _check_trainer):
+        check(c, cfg)
+    if c.problems:
+        raise ConfigError(c.problems)
+    return cfg
 
-    problems: List[Problem] = []
 
-    def bad(key: str, value: Any, allowed: str, fix: str) -> None:
-        problems.append(Problem(key, value, allowed, fix))
-
-    def positive(key: str, value: Any, *, strict: bool = True) -> None:
-        if value is None or (value <= 0 if strict else value < 0):
-            bad(key, value, "> 0" if strict else ">= 0", f"set {key} to a {'positive' if strict else 'non-negative'} number")
-
-    def choice(key: str, value: Any, options) -> None:
-        if value not in options:
-            bad(key, value, f"one of {list(options)}", f"set {key} to one of them")
-
-    # agents
+def _check_agents(c: _Checks, cfg: TrainConfig) -> None:
     if not cfg.agents:
-        bad("agents", [], "at least one agent preset", "select agents, e.g. agents=[tiny_a,tiny_b]")
+        c.bad("agents", [], "at least one agent preset", "select agents, e.g. agents=[tiny_a,tiny_b]")
     for key, agent in cfg.agents.items():
         prefix = f"agents.{key}"
         if "." in key or not key:
-            bad(prefix, key, "a key without dots", "use `# @package agents.<key>` with no dots in the agent file")
+            c.bad(prefix, key, "a key without dots", "use `# @package agents.<key>` with no dots in the agent file")
         if not agent.model or agent.model == MISSING:
-            bad(f"{prefix}.model", agent.model, "a hub id, a local dir or zoo:<preset>", f"set {prefix}.model")
-        choice(f"{prefix}.dtype", agent.dtype, DTYPES)
-        positive(f"{prefix}.max_prompt_len", agent.max_prompt_len)
-        positive(f"{prefix}.max_response_len", agent.max_response_len)
-        positive(f"{prefix}.lr", agent.lr, strict=False)
-        positive(f"{prefix}.weight_decay", agent.weight_decay, strict=False)
-        positive(f"{prefix}.grad_clip", agent.grad_clip, strict=False)
-        positive(f"{prefix}.lr_warmup_steps", agent.lr_warmup_steps, strict=False)
+            c.bad(f"{prefix}.model", agent.model, "a hub id, a local dir or zoo:<preset>", f"set {prefix}.model")
+        c.choice(f"{prefix}.dtype", agent.dtype, DTYPES)
+        c.positive(f"{prefix}.max_prompt_len", agent.max_prompt_len)
+        c.positive(f"{prefix}.max_response_len", agent.max_response_len)
+        c.positive(f"{prefix}.lr", agent.lr, strict=False)
+        c.positive(f"{prefix}.weight_decay", agent.weight_decay, strict=False)
+        c.positive(f"{prefix}.grad_clip", agent.grad_clip, strict=False)
+        c.positive(f"{prefix}.lr_warmup_steps", agent.lr_warmup_steps, strict=False)
         if len(agent.betas) != 2 or not all(0.0 <= b < 1.0 for b in agent.betas):
-            bad(f"{prefix}.betas", list(agent.betas), "two numbers in [0, 1)", f"e.g. {prefix}.betas=[0.9,0.999]")
-        positive(f"{prefix}.temperature", agent.temperature)
+            c.bad(f"{prefix}.betas", list(agent.betas), "two numbers in [0, 1)", f"e.g. {prefix}.betas=[0.9,0.999]")
+        c.positive(f"{prefix}.temperature", agent.temperature)
         if not 0.0 < agent.top_p <= 1.0:
-            bad(f"{prefix}.top_p", agent.top_p, "(0, 1]", f"set {prefix}.top_p=1.0 to disable nucleus sampling")
-        positive(f"{prefix}.top_k", agent.top_k, strict=False)
+            c.bad(f"{prefix}.top_p", agent.top_p, "(0, 1]", f"set {prefix}.top_p=1.0 to disable nucleus sampling")
+        c.positive(f"{prefix}.top_k", agent.top_k, strict=False)
         if not 0.0 < agent.gpu_memory_utilization < 1.0:
-            bad(f"{prefix}.gpu_memory_utilization", agent.gpu_memory_utilization, "(0, 1)", "give each agent a share of the GPU")
+            c.bad(f"{prefix}.gpu_memory_utilization", agent.gpu_memory_utilization, "(0, 1)", "give each agent a share of the GPU")
 
-    # algorithm
+
+def _check_algorithm(c: _Checks, cfg: TrainConfig) -> None:
+    from hacrl_lightning.algorithms.registry import preset_names
+
     alg = cfg.algorithm
     names = preset_names()
     if alg.name not in names:
-        bad("algorithm.name", alg.name, suggest(alg.name, names), "pick a preset: algorithm=<name>")
-    choice("algorithm.advantage", alg.advantage, ADVANTAGES)
-    choice("algorithm.ratio_level", alg.ratio_level, RATIO_LEVELS)
-    choice("algorithm.cross_loss", alg.cross_loss, CROSS_LOSSES)
-    choice("algorithm.loss_agg_mode", alg.loss_agg_mode, LOSS_AGG_MODES)
-    choice("algorithm.kl_estimator", alg.kl_estimator, KL_ESTIMATORS)
-    positive("algorithm.clip_low", alg.clip_low, strict=False)
-    positive("algorithm.clip_high", alg.clip_high, strict=False)
+        c.bad("algorithm.name", alg.name, suggest(alg.name, names), "pick a preset: algorithm=<name>")
+    c.choice("algorithm.advantage", alg.advantage, ADVANTAGES)
+    c.choice("algorithm.ratio_level", alg.ratio_level, RATIO_LEVELS)
+    c.choice("algorithm.cross_loss", alg.cross_loss, CROSS_LOSSES)
+    c.choice("algorithm.loss_agg_mode", alg.loss_agg_mode, LOSS_AGG_MODES)
+    c.choice("algorithm.kl_estimator", alg.kl_estimator, KL_ESTIMATORS)
+    c.positive("algorithm.clip_low", alg.clip_low, strict=False)
+    c.positive("algorithm.clip_high", alg.clip_high, strict=False)
     if alg.clip_low >= 1.0:
-        bad("algorithm.clip_low", alg.clip_low, "[0, 1)", "the lower ratio bound is 1 - clip_low and must stay positive")
+        c.bad("algorithm.clip_low", alg.clip_low, "[0, 1)", "the lower ratio bound is 1 - clip_low and must stay positive")
     if alg.alpha is None or alg.alpha < 0:
-        bad("algorithm.alpha", alg.alpha, ">= 0", "set algorithm.alpha=0 to switch the exponential weight off")
+        c.bad("algorithm.alpha", alg.alpha, ">= 0", "set algorithm.alpha=0 to switch the exponential weight off")
     if alg.delta is None or not 0.0 <= alg.delta <= 1.0:
-        bad("algorithm.delta", alg.delta, "[0, 1]", "the cross lower bound 1 - delta must lie in [0, 1]; paper: 0.2 or 0.1")
+        c.bad("algorithm.delta", alg.delta, "[0, 1]", "the cross lower bound 1 - delta must lie in [0, 1]; paper: 0.2 or 0.1")
     if alg.delta_step is None or alg.delta_step < 0:
-        bad("algorithm.delta_step", alg.delta_step, ">= 0", "set algorithm.delta_step=0 to disable stepwise clipping")
+        c.bad("algorithm.delta_step", alg.delta_step, ">= 0", "set algorithm.delta_step=0 to disable stepwise clipping")
     if alg.rollout_multiplier < 1:
-        bad("algorithm.rollout_multiplier", alg.rollout_multiplier, "an int >= 1", "use 1 (or 2 for gspo_x2)")
-    positive("algorithm.kl_coef", alg.kl_coef, strict=False)
+        c.bad("algorithm.rollout_multiplier", alg.rollout_multiplier, "an int >= 1", "use 1 (or 2 for gspo_x2)")
+    c.positive("algorithm.kl_coef", alg.kl_coef, strict=False)
     if alg.capability_window < 1:
-        bad("algorithm.capability_window", alg.capability_window, "an int >= 1", "K = 5 in the paper")
-    positive("algorithm.capability_floor", alg.capability_floor)
-    positive("algorithm.capability_warmup_steps", alg.capability_warmup_steps, strict=False)
+        c.bad("algorithm.capability_window", alg.capability_window, "an int >= 1", "K = 5 in the paper")
+    c.positive("algorithm.capability_floor", alg.capability_floor)
+    c.positive("algorithm.capability_warmup_steps", alg.capability_warmup_steps, strict=False)
     if not 0.0 < alg.omega_min <= 1.0 <= alg.omega_max:
-        bad("algorithm.omega_min/omega_max", (alg.omega_min, alg.omega_max), "0 < omega_min <= 1 <= omega_max",
-            "the paper's clamp is omega_min=0.1, omega_max=10")
+        c.bad("algorithm.omega_min/omega_max", (alg.omega_min, alg.omega_max), "0 < omega_min <= 1 <= omega_max",
+              "the paper's clamp is omega_min=0.1, omega_max=10")
     try:
         parse_cross_samples(alg.cross_samples_per_prompt)
     except (TypeError, ValueError):
-        bad("algorithm.cross_samples_per_prompt", alg.cross_samples_per_prompt, "'all' or an int >= 1",
-            "use algorithm.cross_samples_per_prompt=all (the paper) or a cap such as 4")
+        c.bad("algorithm.cross_samples_per_prompt", alg.cross_samples_per_prompt, "'all' or an int >= 1",
+              "use algorithm.cross_samples_per_prompt=all (the paper) or a cap such as 4")
     if alg.share_rollouts and len(cfg.agents) < 2:
-        bad("agents", sorted(cfg.agents), f"at least 2 agents for the collaborative algorithm {alg.name!r}",
-            "select more agents (agents=[tiny_a,tiny_b]) or a single-agent algorithm (algorithm=gspo)")
+        c.bad("agents", sorted(cfg.agents), f"at least 2 agents for the collaborative algorithm {alg.name!r}",
+              "select more agents (agents=[tiny_a,tiny_b]) or a single-agent algorithm (algorithm=gspo)")
     if alg.advantage == "hacpo" and not alg.share_rollouts:
-        bad("algorithm.advantage", alg.advantage, "'group' when share_rollouts is false",
-            "the joint HACPO baseline needs shared rollouts: set algorithm.share_rollouts=true or advantage=group")
+        c.bad("algorithm.advantage", alg.advantage, "'group' when share_rollouts is false",
+              "the joint HACPO baseline needs shared rollouts: set algorithm.share_rollouts=true or advantage=group")
 
-    # rollout
-    choice("rollout.backend", cfg.rollout.backend, BACKENDS)
+
+def _check_rollout(c: _Checks, cfg: TrainConfig) -> None:
+    c.choice("rollout.backend", cfg.rollout.backend, BACKENDS)
     if cfg.rollout.group_size < 2:
-        bad("rollout.group_size", cfg.rollout.group_size, "an int >= 2 (group baselines need 2 responses)",
-            "set rollout.group_size=8 (the paper) or at least 2")
-    positive("rollout.generation_batch_size", cfg.rollout.generation_batch_size)
-    positive("rollout.eval_temperature", cfg.rollout.eval_temperature, strict=False)
+        c.bad("rollout.group_size", cfg.rollout.group_size, "an int >= 2 (group baselines need 2 responses)",
+              "set rollout.group_size=8 (the paper) or at least 2")
+    c.positive("rollout.generation_batch_size", cfg.rollout.generation_batch_size)
+    c.positive("rollout.eval_temperature", cfg.rollout.eval_temperature, strict=False)
 
-    # data
+
+def _check_data(c: _Checks, cfg: TrainConfig) -> None:
     from hacrl_lightning.data.tasks import task_names
     from hacrl_lightning.rewards import reward_names
 
     if cfg.data.name not in task_names():
-        bad("data.name", cfg.data.name, suggest(cfg.data.name, task_names()), "pick a task, e.g. data=synthetic")
+        c.bad("data.name", cfg.data.name, suggest(cfg.data.name, task_names()), "pick a task, e.g. data=synthetic")
     if cfg.data.reward not in reward_names():
-        bad("data.reward", cfg.data.reward, suggest(cfg.data.reward, reward_names()), "set data.reward to a registered reward")
-    positive("data.prompts_per_step", cfg.data.prompts_per_step)
-    positive("data.eval_size", cfg.data.eval_size)
-    positive("data.train_size", cfg.data.train_size)
+        c.bad("data.reward", cfg.data.reward, suggest(cfg.data.reward, reward_names()), "set data.reward to a registered reward")
+    c.positive("data.prompts_per_step", cfg.data.prompts_per_step)
+    c.positive("data.eval_size", cfg.data.eval_size)
+    c.positive("data.train_size", cfg.data.train_size)
     if cfg.data.min_digits < 1 or cfg.data.max_digits < cfg.data.min_digits:
-        bad("data.min_digits/max_digits", (cfg.data.min_digits, cfg.data.max_digits), "1 <= min_digits <= max_digits",
-            "e.g. data.min_digits=1 data.max_digits=2")
+        c.bad("data.min_digits/max_digits", (cfg.data.min_digits, cfg.data.max_digits), "1 <= min_digits <= max_digits",
+              "e.g. data.min_digits=1 data.max_digits=2")
     if cfg.data.terms < 2:
-        bad("data.terms", cfg.data.terms, "an int >= 2", "arithmetic needs at least two terms")
+        c.bad("data.terms", cfg.data.terms, "an int >= 2", "arithmetic needs at least two terms")
     unknown_ops = [op for op in cfg.data.ops if op not in ("+", "-", "*")]
     if unknown_ops or not cfg.data.ops:
-        bad("data.ops", list(cfg.data.ops), "a non-empty subset of ['+', '-', '*']", "e.g. data.ops=['+','-']")
+        c.bad("data.ops", list(cfg.data.ops), "a non-empty subset of ['+', '-', '*']", "e.g. data.ops=['+','-']")
 
-    # trainer
+
+def _check_trainer(c: _Checks, cfg: TrainConfig) -> None:
+    alg = cfg.algorithm
     tr = cfg.trainer
-    positive("trainer.steps", tr.steps)
-    positive("trainer.mini_batch_prompts", tr.mini_batch_prompts)
-    positive("trainer.micro_batch_size", tr.micro_batch_size)
-    positive("trainer.devices", tr.devices)
-    positive("trainer.num_nodes", tr.num_nodes)
-    choice("trainer.strategy", tr.strategy, STRATEGIES)
-    positive("trainer.eval_every", tr.eval_every, strict=False)
-    positive("trainer.eval_samples", tr.eval_samples)
-    positive("trainer.checkpoint_every", tr.checkpoint_every, strict=False)
-    positive("trainer.log_every", tr.log_every)
-    positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips)
+    c.positive("trainer.steps", tr.steps)
+    c.positive("trainer.mini_batch_prompts", tr.mini_batch_prompts)
+    c.positive("trainer.micro_batch_size", tr.micro_batch_size)
+    c.positive("trainer.devices", tr.devices)
+    c.positive("trainer.num_nodes", tr.num_nodes)
+    c.choice("trainer.strategy", tr.strategy, STRATEGIES)
+    c.positive("trainer.eval_every", tr.eval_every, strict=False)
+    c.positive("trainer.eval_samples", tr.eval_samples)
+    c.positive("trainer.checkpoint_every", tr.checkpoint_every, strict=False)
+    c.positive("trainer.log_every", tr.log_every)
+    c.positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips)
     if tr.mini_batch_prompts > 0 and cfg.data.prompts_per_step > 0:
         mini = tr.mini_batch_prompts
         if cfg.data.prompts_per_step % mini:
-            bad("trainer.mini_batch_prompts", mini,
-                f"a divisor of data.prompts_per_step={cfg.data.prompts_per_step}",
-                "choose mini_batch_prompts so that prompts_per_step is a multiple of it")
+            c.bad("trainer.mini_batch_prompts", mini,
+                  f"a divisor of data.prompts_per_step={cfg.data.prompts_per_step}",
+                  "choose mini_batch_prompts so that prompts_per_step is a multiple of it")
         elif alg.rollout_multiplier > 1 and mini % alg.rollout_multiplier:
-            bad("trainer.mini_batch_prompts", mini,
-                f"a multiple of algorithm.rollout_multiplier={alg.rollout_multiplier} ({alg.name} halves mini-batches)",
-                f"set trainer.mini_batch_prompts to a multiple of {alg.rollout_multiplier}")
-
-    if problems:
-        raise ConfigError(problems)
-    return cfg
+            c.bad("trainer.mini_batch_prompts", mini,
+                  f"a multiple of algorithm.rollout_multiplier={alg.rollout_multiplier} ({alg.name} halves mini-batches)",
+                  f"set trainer.mini_batch_prompts to a multiple of {alg.rollout_multiplier}")
