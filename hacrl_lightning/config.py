@@ -11,7 +11,7 @@ and anything that needs a model or a file to be loaded (those checks run where t
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING

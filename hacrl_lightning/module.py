@@ -51,7 +51,6 @@ class HACRLModule(pl.LightningModule):
         self.steps_done = 0
         self.counters = {name: {"rollouts_generated": 0, "responses_trained": 0, "optimizer_updates": 0,
                                 "skipped_updates": 0} for name in self.names}
-        self.updated_agents: dict[str, bool] = {}
         self.last_metrics: dict[str, float] = {}
 
     # -- optimizers -----------------------------------------------------------------------------
@@ -246,7 +245,6 @@ class HACRLModule(pl.LightningModule):
             sched.step()
             self.counters[name]["optimizer_updates"] += 1
         self.counters[name]["responses_trained"] += len(order)
-        self.updated_agents[name] = True
         out = {f"{name}/{key}": _detach_mean(values) for key, values in collected.items()}
         out[f"{name}/grad_norm"] = _detach_mean(grad_norms)
         out[f"{name}/updates"] = float(len(grad_norms))

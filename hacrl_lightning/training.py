@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from hacrl_lightning.agents.agent import Agent

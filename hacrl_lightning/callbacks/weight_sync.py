@@ -1,4 +1,4 @@
-"""Weight sync callback: after each training step, push every updated agent to its rollout engine.
+"""Weight sync callback: after each training step, push every agent to its rollout engine.
 
 Runs once per step, after all learners have stepped, so the next step's rollouts come from the new
 weights (strictly on-policy). For the HF backend the engine holds the training module and the push
@@ -20,7 +20,6 @@ class WeightSyncCallback(Callback):
         engines = trainer.datamodule.engines
         start = time.perf_counter()
         for name, agent in pl_module.agents.items():
-            if pl_module.updated_agents.get(name):
-                engines[name].sync_weights(agent.model)
+            engines[name].sync_weights(agent.model)
         self.last_seconds = time.perf_counter() - start
         pl_module.log("time/weight_sync", self.last_seconds, on_step=True, on_epoch=False, batch_size=1)
