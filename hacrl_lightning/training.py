@@ -21,6 +21,7 @@ from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.callbacks.capability import CapabilityCallback
 from hacrl_lightning.callbacks.checkpoint import StepCheckpoint, latest_checkpoint
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
+from hacrl_lightning.callbacks.timing import StepTimer
 from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
 from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
 from hacrl_lightning.config import TrainConfig
@@ -62,10 +63,12 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = ()) -> dict[
     module = HACRLModule(cfg, agents)
     datamodule = RolloutDataModule(cfg, agents)
     evaluation = HeldOutEvalCallback(every=cfg.trainer.eval_every, samples=cfg.trainer.eval_samples)
+    timer = StepTimer()
     callbacks = [
         CapabilityCallback(list(agents), cfg.algorithm),
         StepwiseClipCallback(cfg.algorithm),
         WeightSyncCallback(),
+        timer,  # after weight sync (part of a step), before evaluation (not part of it)
         evaluation,
         StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every),
         *extra_callbacks,
@@ -78,7 +81,7 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = ()) -> dict[
     if cfg.trainer.export_agents:
         for name, agent in module.agents.items():
             exports[name] = str(agent.export(run_dir / "exports" / name))
-    summary = make_summary(cfg, module, evaluation, exports, wall_s=time.perf_counter() - started)
+    summary = make_summary(cfg, module, evaluation, exports, wall_s=time.perf_counter() - started, timer=timer)
     if trainer.is_global_zero:
         tmp = run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
@@ -87,7 +90,7 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = ()) -> dict[
 
 
 def make_summary(cfg: TrainConfig, module: HACRLModule, evaluation: HeldOutEvalCallback,
-                 exports: dict[str, str], *, wall_s: float) -> dict[str, Any]:
+                 exports: dict[str, str], *, wall_s: float, timer: StepTimer) -> dict[str, Any]:
     agents = {}
     for name in module.names:
         agents[name] = {
@@ -102,6 +105,8 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, evaluation: HeldOutEvalC
         "seed": cfg.seed,
         "steps": module.steps_done,
         "wall_s": round(wall_s, 2),
+        "train_s": round(timer.train_s, 2),
+        "step_s": round(timer.step_s, 4),
         "run_dir": str(Path(cfg.run_dir).resolve()),
         "agents": agents,
         "eval_history": evaluation.history,

@@ -1,0 +1,303 @@
+"""Comparisons over seeds: what to run (arms x seeds), and what the finished runs say (rows, intervals, plots).
+
+An *arm* is a labelled set of training overrides (`hacpo` = `algorithm=hacpo`; `n3_cs2` = three
+agents, two partner samples per prompt). `plan_runs` crosses arms with seeds into `RunSpec`s, each
+with its own run directory; a run is finished when its `summary.json` exists (written atomically
+by `training.train`). `result_rows` turns summaries into one row per (arm, agent, seed);
+`summarize` gives mean and Student-t 95% confidence intervals over seeds; `paired_gaps` compares
+each arm with a reference arm seed by seed (same seed = same prompt order and initial agents).
+
+Deliberately not here: launching runs and Hydra (`scripts/compare.py` runs each job through
+`scripts/train.py`), and any training (`training.py`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "rollouts_generated", "responses_trained",
+                  "optimizer_updates", "wall_s", "n_agents", "steps", "step_s")
+"""Columns of `results.csv`, one row per method (arm) x agent x seed."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One compared configuration: a label and the training overrides that make it."""
+
+    name: str
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    arm: Arm
+    seed: int
+    run_dir: Path
+
+    def overrides(self, common: Sequence[str] = ()) -> list[str]:
+        """The `scripts/train.py` overrides of this run: shared ones first, then the arm's, seed, run dir."""
+        return [*common, *self.arm.overrides, f"seed={self.seed}", f"run_dir={self.run_dir}"]
+
+    @property
+    def summary_path(self) -> Path:
+        return self.run_dir / "summary.json"
+
+    @property
+    def done(self) -> bool:
+        return self.summary_path.exists()
+
+    def summary(self) -> dict[str, Any]:
+        return json.loads(self.summary_path.read_text())
+
+
+def method_arms(methods: Iterable[str]) -> list[Arm]:
+    """One arm per algorithm preset name (`grpo`, `hacpo_no_adv`, ...)."""
+    return [Arm(name, (f"algorithm={name}",)) for name in methods]
+
+
+def scaling_arms(agent_sets: Iterable[Sequence[str]], cross_samples: Iterable[Any], *, method: str = "hacpo") -> list[Arm]:
+    """One arm per (agent set, partner samples per prompt): `n3` uses all partner samples, `n3_cs2` two."""
+    arms = []
+    for agents in agent_sets:
+        for per_prompt in cross_samples:
+            name = f"n{len(agents)}" + ("" if str(per_prompt) == "all" else f"_cs{per_prompt}")
+            arms.append(Arm(name, (f"algorithm={method}", f"agents=[{','.join(agents)}]",
+                                   f"algorithm.cross_samples_per_prompt={per_prompt}")))
+    return arms
+
+
+def plan_runs(arms: Sequence[Arm], seeds: Sequence[int], out: Path) -> list[RunSpec]:
+    """Every arm x seed, seed-major (so a partial comparison already has every arm for its first seeds)."""
+    names = [arm.name for arm in arms]
+    if len(set(names)) != len(names):
+        raise ValueError(f"arm names must be unique, got {names}")
+    return [RunSpec(arm, seed, out / "runs" / arm.name / f"seed{seed}") for seed in seeds for arm in arms]
+
+
+# -- rows ---------------------------------------------------------------------------------------------
+
+
+def result_rows(spec: RunSpec, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per agent of a finished run (columns `RESULT_COLUMNS`)."""
+    rows = []
+    for agent, row in summary["agents"].items():
+        rows.append({
+            "method": spec.arm.name, "agent": agent, "seed": spec.seed,
+            "initial_acc": row["initial"].get("acc", math.nan), "final_acc": row["final"].get("acc", math.nan),
+            "rollouts_generated": row["rollouts_generated"], "responses_trained": row["responses_trained"],
+            "optimizer_updates": row["optimizer_updates"], "wall_s": summary["wall_s"],
+            "n_agents": len(summary["agents"]), "steps": summary["steps"], "step_s": summary.get("step_s", math.nan),
+        })
+    return rows
+
+
+def collect_rows(specs: Iterable[RunSpec]) -> list[dict[str, Any]]:
+    return [row for spec in specs if spec.done for row in result_rows(spec, spec.summary())]
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=RESULT_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+# -- statistics ---------------------------------------------------------------------------------------
+
+
+def mean_ci(values: Sequence[float], *, level: float = 0.95) -> tuple[float, float]:
+    """(mean, half-width of the Student-t confidence interval); the half-width is nan for one value."""
+    from scipy import stats
+
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = sum(values) / n
+    if n == 1:
+        return mean, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(stats.t.ppf((1 + level) / 2, n - 1)) * sd / math.sqrt(n)
+
+
+def _by_method_agent(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[(row["method"], row["agent"])].append(row)
+    return groups
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (method, agent), in first-seen order: seeds, initial acc, final acc and gain (mean, CI), costs."""
+    table = []
+    for (method, agent), group in _by_method_agent(rows).items():
+        final, final_ci = mean_ci([r["final_acc"] for r in group])
+        gain, gain_ci = mean_ci([r["final_acc"] - r["initial_acc"] for r in group])
+        table.append({
+            "method": method, "agent": agent, "seeds": len(group),
+            "initial_acc": sum(r["initial_acc"] for r in group) / len(group),
+            "final_acc": final, "final_ci": final_ci, "gain": gain, "gain_ci": gain_ci,
+            **{key: sum(r[key] for r in group) / len(group)
+               for key in ("rollouts_generated", "responses_trained", "optimizer_updates", "step_s", "wall_s", "n_agents")},
+        })
+    return table
+
+
+def paired_gaps(rows: Sequence[dict[str, Any]], *, reference: str) -> list[dict[str, Any]]:
+    """Final accuracy of `reference` minus each other method, per agent, paired by seed (mean, CI)."""
+    groups = _by_method_agent(rows)
+    gaps = []
+    for (method, agent), group in groups.items():
+        if method == reference or (reference, agent) not in groups:
+            continue
+        ref = {r["seed"]: r["final_acc"] for r in groups[(reference, agent)]}
+        diffs = [ref[r["seed"]] - r["final_acc"] for r in group if r["seed"] in ref]
+        if diffs:
+            gap, ci = mean_ci(diffs)
+            gaps.append({"reference": reference, "method": method, "agent": agent, "seeds": len(diffs),
+                         "gap": gap, "gap_ci": ci})
+    return gaps
+
+
+# -- reports ------------------------------------------------------------------------------------------
+
+
+def _pm(mean: float, ci: float) -> str:
+    return f"{mean:.3f}" if math.isnan(ci) else f"{mean:.3f} ± {ci:.3f}"
+
+
+def markdown_report(table: Sequence[dict[str, Any]], gaps: Sequence[dict[str, Any]], *, title: str,
+                    notes: Sequence[str] = ()) -> str:
+    """`results.md`: the per-method table, and the paired gaps to the reference method."""
+    lines = [f"# {title}", "", *notes, "" if notes else "",
+             "Final held-out accuracy: mean over seeds ± half-width of the 95% Student-t interval. "
+             "Gain = final − initial accuracy of the same agent, per seed. Costs are per agent per run.", "",
+             "| method | agent | seeds | initial acc | final acc | gain | rollouts generated | responses trained "
+             "| updates | s/step |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in table:
+        lines.append(f"| {r['method']} | {r['agent']} | {r['seeds']} | {r['initial_acc']:.3f} | "
+                     f"{_pm(r['final_acc'], r['final_ci'])} | {_pm(r['gain'], r['gain_ci'])} | "
+                     f"{r['rollouts_generated']:.0f} | {r['responses_trained']:.0f} | {r['optimizer_updates']:.0f} | "
+                     f"{r['step_s']:.2f} |")
+    if gaps:
+        ref = gaps[0]["reference"]
+        lines += ["", f"## {ref} minus each method (final accuracy, paired by seed)", "",
+                  "Positive: the reference is better. The interval excludes 0 when the gap is significant at 95%.", "",
+                  "| method | agent | seeds | gap | 95% interval |", "|---|---|---:|---:|---|"]
+        for g in gaps:
+            interval = "n/a" if math.isnan(g["gap_ci"]) else f"[{g['gap'] - g['gap_ci']:+.3f}, {g['gap'] + g['gap_ci']:+.3f}]"
+            lines.append(f"| {g['method']} | {g['agent']} | {g['seeds']} | {g['gap']:+.3f} | {interval} |")
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_curves(specs: Iterable[RunSpec]) -> dict[tuple[str, str], list[tuple[list[int], list[float]]]]:
+    """(method, agent) -> per seed, (rollouts generated by the agent, held-out accuracy) at each evaluation."""
+    curves: dict[tuple[str, str], list[tuple[list[int], list[float]]]] = defaultdict(list)
+    for spec in specs:
+        if not spec.done:
+            continue
+        history = spec.summary()["eval_history"]
+        for agent in history[0]["scores"]:
+            curves[(spec.arm.name, agent)].append(([h["rollouts_generated"][agent] for h in history],
+                                                   [h["scores"][agent]["acc"] for h in history]))
+    return curves
+
+
+def plot_accuracy_vs_rollouts(curves: dict[tuple[str, str], list[tuple[list[int], list[float]]]], path: Path) -> Path:
+    """One panel per agent: mean held-out accuracy over seeds (line) and its 95% interval (band)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agents = list(dict.fromkeys(agent for _, agent in curves))
+    fig, axes = plt.subplots(1, len(agents), figsize=(5.5 * len(agents), 4), squeeze=False)
+    for ax, agent in zip(axes[0], agents):
+        for (method, name), runs in curves.items():
+            if name != agent:
+                continue
+            length = min(len(x) for x, _ in runs)
+            xs = runs[0][0][:length]
+            stats = [mean_ci([acc[i] for _, acc in runs]) for i in range(length)]
+            means = [m for m, _ in stats]
+            half = [0.0 if math.isnan(c) else c for _, c in stats]
+            ax.plot(xs, means, marker="o", markersize=3, label=method)
+            ax.fill_between(xs, [m - h for m, h in zip(means, half)], [m + h for m, h in zip(means, half)], alpha=0.15)
+        ax.set_title(agent)
+        ax.set_xlabel("rollouts generated by this agent")
+        ax.set_ylabel("held-out accuracy (greedy)")
+        ax.set_ylim(0.0, 1.0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_final_accuracy(table: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Grouped bars: final accuracy per method (groups) and agent (bars), 95% interval as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(r["method"] for r in table))
+    agents = list(dict.fromkeys(r["agent"] for r in table))
+    cell = {(r["method"], r["agent"]): r for r in table}
+    width = 0.8 / len(agents)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(methods) * len(agents) / 2 + 2), 4))
+    for a, agent in enumerate(agents):
+        xs = [m + (a - (len(agents) - 1) / 2) * width for m in range(len(methods))]
+        rows = [cell.get((method, agent)) for method in methods]
+        heights = [r["final_acc"] if r else 0.0 for r in rows]
+        errors = [0.0 if not r or math.isnan(r["final_ci"]) else r["final_ci"] for r in rows]
+        bars = ax.bar(xs, heights, width, yerr=errors, capsize=3, label=agent)
+        initial = [r["initial_acc"] for r in rows if r]
+        if initial:
+            ax.axhline(sum(initial) / len(initial), color=bars.patches[0].get_facecolor(), linestyle="--", linewidth=1)
+    ax.set_xticks(range(len(methods)), methods, rotation=20)
+    ax.set_ylabel("final held-out accuracy (dashed: initial)")
+    ax.set_ylim(0.0, 1.0)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_step_time(table: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Scaling: seconds per training step and responses trained per agent, per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(r["method"] for r in table))
+    first = {m: next(r for r in table if r["method"] == m) for m in methods}
+    trained = {m: sum(r["responses_trained"] for r in table if r["method"] == m) / max(1, first[m]["n_agents"])
+               for m in methods}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.bar(methods, [first[m]["step_s"] for m in methods])
+    left.set_ylabel("seconds per training step")
+    right.bar(methods, [trained[m] for m in methods], color="tab:orange")
+    right.set_ylabel("responses trained per agent per run")
+    for ax in (left, right):
+        ax.tick_params(axis="x", rotation=20)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,209 @@
+"""Compare methods (or ablations, or agent counts) over several seeds: results.csv, results.md, plots.
+
+    python scripts/compare.py                                   # grpo gspo gspo_x2 naive hacpo, seeds 0-4
+    python scripts/compare.py methods=[gspo_x2,hacpo] seeds=[0,1,2] trainer.steps=100
+    python scripts/compare.py methods=[hacpo] ablations=[hacpo_no_adv,hacpo_no_omega]
+    python scripts/compare.py study=scaling seeds=[0,1,2]        # n = 2, 3, 4 zoo agents, all vs 2 partner samples
+    python scripts/compare.py out=runs/compare/mine jobs=2 agents=[tiny_a,tiny_c]
+
+Keys of this script (`CompareConfig` below) are taken from the command line; every other
+`key=value` is a training override given to each run, exactly as to `scripts/train.py`. Every run
+is composed and validated before the first one starts (all problems at once, exit status 2). Each
+run is a `scripts/train.py` subprocess in `<out>/runs/<method>/seed<k>` with its log beside it.
+Re-running the same command skips finished runs (their `summary.json` exists) and resumes an
+interrupted run from its newest checkpoint, so a comparison survives interruptions. The outputs
+are rewritten from all finished runs after each run: `results.csv`, `results.md`,
+`accuracy_vs_rollouts.png`, `final_accuracy.png` (and `step_time.png` for the scaling study).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from omegaconf import OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from hacrl_lightning import experiments as ex  # noqa: E402
+from hacrl_lightning.callbacks.checkpoint import latest_checkpoint  # noqa: E402
+from hacrl_lightning.config import ConfigError, Problem  # noqa: E402
+from hydra_config import REPO_ROOT, compose_config  # noqa: E402
+
+METHODS = ["grpo", "gspo", "gspo_x2", "naive", "hacpo"]
+ABLATIONS = ["hacpo_no_adv", "hacpo_no_omega", "hacpo_alpha0", "hacpo_no_stepwise", "hacpo_no_clip"]
+ZOO_SETS = [["tiny_a", "tiny_b"], ["tiny_a", "tiny_b", "tiny_c"], ["tiny_a", "tiny_b", "tiny_c", "tiny_d"]]
+
+
+@dataclass
+class CompareConfig:
+    study: str = "methods"
+    """`methods`: one arm per entry of `methods` + `ablations`; `scaling`: agent sets x partner samples."""
+    methods: List[str] = field(default_factory=lambda: list(METHODS))
+    ablations: List[str] = field(default_factory=list)
+    seeds: List[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    reference: str = "hacpo"
+    """Method the others are compared with, seed by seed, in results.md."""
+    agent_sets: List[List[str]] = field(default_factory=lambda: [list(s) for s in ZOO_SETS])
+    """Scaling study: the agent sets (n = 2, 3, 4 by default)."""
+    cross_samples: List[Any] = field(default_factory=lambda: ["all", 2])
+    """Scaling study: values of algorithm.cross_samples_per_prompt."""
+    out: Optional[str] = None
+    """Output directory; default runs/compare/<study>. Re-running with the same `out` resumes."""
+    jobs: int = 1
+    """Runs at once (each gets cores/jobs torch threads)."""
+
+
+def parse_args(argv: list[str]) -> tuple[CompareConfig, list[str]]:
+    """Split this script's keys from the training overrides and type-check them."""
+    own_keys = {f.name for f in fields(CompareConfig)}
+    own, training = [], []
+    for arg in argv:
+        (own if arg.split("=", 1)[0] in own_keys else training).append(arg)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(CompareConfig), OmegaConf.from_dotlist(own))
+    except OmegaConfBaseException as err:
+        raise ConfigError([Problem(str(getattr(err, "full_key", "") or "compare"), own, "see scripts/compare.py --help",
+                                   str(err).splitlines()[0])]) from None
+    cfg: CompareConfig = OmegaConf.to_object(merged)
+    problems = []
+    if cfg.study not in ("methods", "scaling"):
+        problems.append(Problem("study", cfg.study, "methods | scaling", "set study=methods or study=scaling"))
+    if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
+        problems.append(Problem("seeds", cfg.seeds, "a non-empty list of distinct integers", "e.g. seeds=[0,1,2]"))
+    if cfg.jobs < 1:
+        problems.append(Problem("jobs", cfg.jobs, "an integer >= 1", "e.g. jobs=2"))
+    if problems:
+        raise ConfigError(problems)
+    return cfg, training
+
+
+def plan(cfg: CompareConfig) -> tuple[list[ex.Arm], Path]:
+    if cfg.study == "scaling":
+        arms = ex.scaling_arms(cfg.agent_sets, cfg.cross_samples)
+    else:
+        arms = ex.method_arms([*cfg.methods, *cfg.ablations])
+    out = Path(cfg.out or REPO_ROOT / "runs" / "compare" / cfg.study).resolve()
+    return arms, out
+
+
+def check_runs(specs: list[ex.RunSpec], training: list[str]) -> None:
+    """Compose and validate every run before the first starts; raise one ConfigError with all problems."""
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    for spec in specs:
+        try:
+            compose_config(spec.overrides(training))
+        except ConfigError as err:
+            for problem in err.problems:
+                text = f"[{spec.arm.name}] {problem}"
+                if text not in seen:
+                    seen.add(text)
+                    problems.append(Problem(f"{spec.arm.name}: {problem.key}", problem.value, problem.allowed, problem.fix))
+    if problems:
+        raise ConfigError(problems)
+
+
+def command(spec: ex.RunSpec, training: list[str]) -> list[str]:
+    """The `scripts/train.py` command of a run; an interrupted run resumes from its newest checkpoint."""
+    args = spec.overrides(training)
+    checkpoints = spec.run_dir / "checkpoints"
+    if checkpoints.is_dir():
+        try:
+            args.append(f"resume={latest_checkpoint(checkpoints)}")
+        except FileNotFoundError:
+            pass
+    return [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args]
+
+
+def write_outputs(cfg: CompareConfig, specs: list[ex.RunSpec], out: Path, training: list[str]) -> dict[str, Path]:
+    rows = ex.collect_rows(specs)
+    if not rows:
+        return {}
+    table = ex.summarize(rows)
+    gaps = ex.paired_gaps(rows, reference=cfg.reference) if cfg.study == "methods" else []
+    notes = [f"Command: `python scripts/compare.py {' '.join(sys.argv[1:])}`".rstrip(),
+             f"Finished runs: {sum(s.done for s in specs)} of {len(specs)}; seeds {cfg.seeds}; "
+             f"training overrides: {' '.join(training) or '(none)'}"]
+    paths = {"csv": ex.write_csv(rows, out / "results.csv")}
+    paths["md"] = out / "results.md"
+    paths["md"].write_text(ex.markdown_report(table, gaps, title=f"Comparison ({cfg.study})", notes=notes))
+    paths["curves"] = ex.plot_accuracy_vs_rollouts(ex.accuracy_curves(specs), out / "accuracy_vs_rollouts.png")
+    paths["bars"] = ex.plot_final_accuracy(table, out / "final_accuracy.png")
+    if cfg.study == "scaling":
+        paths["step_time"] = ex.plot_step_time(table, out / "step_time.png")
+    return paths
+
+
+def _describe(spec: ex.RunSpec) -> str:
+    if not spec.done:
+        return "failed (see train.log)"
+    summary = spec.summary()
+    accs = ", ".join(f"{name} {row['initial'].get('acc', 0):.2f}->{row['final'].get('acc', 0):.2f}"
+                     for name, row in summary["agents"].items())
+    return f"{accs} ({summary['wall_s']:.0f} s)"
+
+
+def run_all(cfg: CompareConfig, specs: list[ex.RunSpec], training: list[str], out: Path) -> int:
+    """Run the unfinished specs, `cfg.jobs` at a time, with a progress line per start and finish."""
+    todo = [spec for spec in specs if not spec.done]
+    print(f"{len(specs)} runs ({len(specs) - len(todo)} already finished) -> {out}")
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // cfg.jobs)))
+    running: list[tuple[ex.RunSpec, subprocess.Popen, Any]] = []
+    started, finished, failed = time.perf_counter(), 0, 0
+    while todo or running:
+        while todo and len(running) < cfg.jobs:
+            spec = todo.pop(0)
+            spec.run_dir.mkdir(parents=True, exist_ok=True)
+            log = (spec.run_dir / "train.log").open("a")
+            running.append((spec, subprocess.Popen(command(spec, training), stdout=log, stderr=subprocess.STDOUT,
+                                                   env=env, cwd=REPO_ROOT), log))
+            print(f"  start  {spec.arm.name} seed={spec.seed}", flush=True)
+        time.sleep(0.5)
+        for item in [item for item in running if item[1].poll() is not None]:
+            spec, proc, log = item
+            running.remove(item)
+            log.close()
+            finished += 1
+            failed += proc.returncode != 0
+            elapsed = time.perf_counter() - started
+            left = len(todo) + len(running)
+            eta = elapsed / finished * left
+            print(f"  [{finished}/{finished + left}] {spec.arm.name} seed={spec.seed}: {_describe(spec)} | "
+                  f"elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left", flush=True)
+            write_outputs(cfg, specs, out, training)
+    return failed
+
+
+def main(argv: list[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(__doc__)
+        return 0
+    try:
+        cfg, training = parse_args(argv)
+        arms, out = plan(cfg)
+        specs = ex.plan_runs(arms, cfg.seeds, out)
+        check_runs(specs, training)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    failed = run_all(cfg, specs, training, out)
+    paths = write_outputs(cfg, specs, out, training)
+    if paths:
+        print((out / "results.md").read_text())
+        print("outputs: " + ", ".join(str(p) for p in paths.values()))
+    if failed:
+        print(f"error: {failed} run(s) failed; their logs are <run dir>/train.log. Re-run the same command to retry "
+              "them (finished runs are kept).", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
