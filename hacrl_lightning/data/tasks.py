@@ -1,8 +1,11 @@
 """Tasks by name: `load_task(cfg)` -> (train set, held-out set), and the texts a tokenizer must round-trip.
 
-A task is a function of the `DataConfig` returning two sized `PromptDataset`s of `Example`s. Only
-the offline synthetic arithmetic task exists so far; dataset loaders register here as they land.
-Deliberately not here: rewards (`hacrl_lightning.rewards`) and batching (the DataModule).
+A task is a function of the `DataConfig` returning two sized `PromptDataset`s of `Example`s:
+`synthetic` (offline arithmetic), `math` (MATH train 7.5k, held out on MATH-500) and `gsm8k` (train /
+test). The math tasks read `data.train_files` / `data.eval_files` (jsonl, json or parquet, in the
+benchmark's own columns or verl's schema) when given, else the hub (`data/benchmarks.py`); the
+held-out set keeps its first `data.eval_size` problems. Deliberately not here: rewards
+(`hacrl_lightning.rewards`) and batching (the DataModule).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from typing import Callable
 
 from hacrl_lightning.config import DataConfig, suggest
+from hacrl_lightning.data.benchmarks import load_benchmark
 from hacrl_lightning.data.records import PromptDataset
 from hacrl_lightning.data.synthetic import format_answer, synthetic_dataset
 
@@ -20,7 +24,21 @@ def _synthetic(cfg: DataConfig) -> tuple[PromptDataset, PromptDataset]:
     return synthetic_dataset(cfg, "train"), synthetic_dataset(cfg, "eval")
 
 
-TASKS: dict[str, TaskLoader] = {"synthetic": _synthetic}
+def _benchmark_task(train: str, held_out: str) -> TaskLoader:
+    """A task whose train set is benchmark `train` and held-out set benchmark `held_out` (files or hub)."""
+
+    def load(cfg: DataConfig) -> tuple[PromptDataset, PromptDataset]:
+        return (load_benchmark(train, cfg.train_files),
+                load_benchmark(held_out, cfg.eval_files, limit=cfg.eval_size))
+
+    return load
+
+
+TASKS: dict[str, TaskLoader] = {
+    "synthetic": _synthetic,
+    "math": _benchmark_task("math_train", "math500"),
+    "gsm8k": _benchmark_task("gsm8k_train", "gsm8k"),
+}
 
 
 def task_names() -> list[str]:

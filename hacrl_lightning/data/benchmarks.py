@@ -1,0 +1,332 @@
+"""Math benchmarks: MATH, GSM8K, MATH-500, AIME 2025, AMC23, Minerva Math and OlympiadBench as `Example`s.
+
+A `Benchmark` names where a dataset lives on the Hugging Face hub (id, config, split) and how its
+columns map to a question and a gold answer (MATH solutions: the last `\\boxed{}`; GSM8K: the text
+after `####`; OlympiadBench: the first entry of `final_answer`). `load_benchmark(name, files)`
+reads it with `datasets` from the hub (or the local HF cache), or from local `.jsonl` / `.json` /
+`.parquet` files in either the benchmark's own column layout or verl's schema (`prompt` as chat
+messages, `reward_model.ground_truth`, `data_source`), detected per file, so data preprocessed for
+verl loads unchanged. A malformed file raises `DataFormatError` naming the file, the row, the
+column and the fix.
+
+Every question is wrapped in one prompt template (`PROMPT_TEMPLATE`: reason step by step, final
+answer in `\\boxed{}`); each agent later puts that text into its own chat template. verl rows are
+taken as they are: their prompt already carries its instruction. Deliberately not here: scoring
+(`hacrl_lightning.rewards`), sampling and metrics (`hacrl_lightning.evaluation`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from hacrl_lightning.config import suggest
+from hacrl_lightning.data.records import Example, PromptDataset
+from hacrl_lightning.rewards.exact_match import extract_boxed
+
+PROMPT_TEMPLATE = "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+"""The one prompt of every math benchmark; `{question}` is the problem statement."""
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+HUB_PROBE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """Where a benchmark lives on the hub and how its columns become (question, gold answer)."""
+
+    name: str
+    """Registry name (`math500`); also the key of its local files (`files.math500=...`)."""
+    title: str
+    """Column header in result tables (`MATH-500`)."""
+    hub_id: str
+    hub_config: str | None
+    split: str
+    question: str
+    """Column holding the problem statement."""
+    answer: str
+    """Column holding the gold answer (or the solution it is extracted from)."""
+    answer_kind: str = "plain"
+    """How the gold answer is read: `plain` (the value as text), `boxed` (the last `\\boxed{}` of a
+    solution), `gsm8k` (the text after `####`, thousands separators removed), `first` (first item of a list)."""
+    paper_samples: int = 1
+    """Samples per problem under the paper's protocol: 1 (avg@1) everywhere, 30 (best@30) on AIME 2025."""
+    size: int = 0
+    """Problems in the hub split (for documentation and sanity messages)."""
+
+
+BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
+    Benchmark("math_train", "MATH (train)", "DigitalLearningGmbH/MATH-lighteval", "default", "train",
+              "problem", "solution", "boxed", size=7500),
+    Benchmark("math", "MATH", "DigitalLearningGmbH/MATH-lighteval", "default", "test",
+              "problem", "solution", "boxed", size=5000),
+    Benchmark("gsm8k_train", "GSM8K (train)", "openai/gsm8k", "main", "train", "question", "answer", "gsm8k", size=7473),
+    Benchmark("gsm8k", "GSM8K", "openai/gsm8k", "main", "test", "question", "answer", "gsm8k", size=1319),
+    Benchmark("math500", "MATH-500", "HuggingFaceH4/MATH-500", None, "test", "problem", "answer", size=500),
+    Benchmark("aime2025", "AIME25", "math-ai/aime25", None, "test", "problem", "answer", paper_samples=30, size=30),
+    Benchmark("amc23", "AMC23", "math-ai/amc23", None, "test", "question", "answer", size=40),
+    Benchmark("minerva", "Minerva", "math-ai/minervamath", None, "test", "question", "answer", size=272),
+    Benchmark("olympiadbench", "OlympiadBench", "Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train",
+              "question", "final_answer", "first", size=674),
+)}
+PAPER_BENCHMARKS = ("math500", "math", "gsm8k", "aime2025", "amc23", "minerva", "olympiadbench")
+"""The seven evaluation benchmarks of the paper, in its table order."""
+
+
+class DataFormatError(ValueError):
+    """A local data file that cannot be read; the message names the file, row, column and the fix."""
+
+    def __init__(self, path: str | os.PathLike, problem: str, fix: str, *, row: int | None = None,
+                 column: str | None = None):
+        self.path, self.row, self.column = str(path), row, column
+        where = str(path) + (f", row {row}" if row is not None else "") + (f", column {column!r}" if column else "")
+        super().__init__(f"{where}: {problem}. Fix: {fix}")
+
+
+class BenchmarkLoadError(RuntimeError):
+    """A benchmark that cannot be fetched from the hub; the message says how to use a local file instead."""
+
+
+def benchmark_names() -> list[str]:
+    return sorted(BENCHMARKS)
+
+
+def get_benchmark(name: str) -> Benchmark:
+    if name not in BENCHMARKS:
+        raise KeyError(f"benchmark {name!r} is unknown: {suggest(name, BENCHMARKS)}")
+    return BENCHMARKS[name]
+
+
+# ---------------------------------------------------------------------------------------------------
+# rows of local files
+
+
+def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(row number from 1, record) of a `.jsonl` (one object a line), `.json` (a list) or `.parquet` file."""
+    path = Path(path)
+    if path.suffix not in FILE_SUFFIXES:
+        raise DataFormatError(path, f"unsupported file type {path.suffix!r}",
+                              f"give a file ending in one of {list(FILE_SUFFIXES)}")
+    if not path.is_file():
+        raise DataFormatError(path, "no such file", "check the path (relative paths start at the working directory)")
+    if path.suffix == ".parquet":
+        yield from enumerate(_parquet_records(path), start=1)
+    elif path.suffix == ".json":
+        try:
+            records = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise DataFormatError(path, f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})",
+                                  "a .json file must hold one list of objects; use .jsonl for one object per line") from None
+        if not isinstance(records, list):
+            raise DataFormatError(path, f"holds a {type(records).__name__}, not a list of records",
+                                  "write a JSON list of objects, or one object per line in a .jsonl file")
+        for row, record in enumerate(records, start=1):
+            yield row, _as_record(path, row, record)
+    else:
+        with path.open(encoding="utf-8") as handle:
+            for row, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataFormatError(path, f"line {row} is not valid JSON ({err.msg} at character {err.colno})",
+                                          f"make line {row} one JSON object (or delete it)", row=row) from None
+                yield row, _as_record(path, row, record)
+
+
+def _parquet_records(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as err:  # pyarrow raises ArrowInvalid, OSError, ... for a damaged file
+        raise DataFormatError(path, f"not a readable parquet file ({type(err).__name__}: {str(err).splitlines()[0]})",
+                              "rewrite it, e.g. datasets.Dataset.from_list(rows).to_parquet(path)") from None
+
+
+def _as_record(path: Path, row: int, record: Any) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise DataFormatError(path, f"holds a {type(record).__name__}, not an object with named columns",
+                              "write each record as a JSON object, e.g. {\"problem\": ..., \"answer\": ...}", row=row)
+    return record
+
+
+# ---------------------------------------------------------------------------------------------------
+# records -> examples
+
+
+def is_verl_record(record: dict[str, Any]) -> bool:
+    """verl's schema: a `prompt` of chat messages and a `reward_model` holding the `ground_truth`."""
+    return "prompt" in record and "reward_model" in record
+
+
+def _column(path, row: int, record: dict[str, Any], column: str, layout: str) -> Any:
+    if column not in record:
+        raise DataFormatError(path, f"missing column {column!r} ({layout} layout; columns here: {sorted(record)})",
+                              f"add {column!r} to every row, or convert the file to this layout or to verl's schema",
+                              row=row, column=column)
+    if record[column] is None:
+        raise DataFormatError(path, f"column {column!r} is empty (null)", f"fill in {column!r} or drop the row",
+                              row=row, column=column)
+    return record[column]
+
+
+def _text(path, row: int, column: str, value: Any, *, numbers: bool = False) -> str:
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(int(value)) if float(value).is_integer() else str(value)
+    kind = "a non-empty string" + (" or a number" if numbers else "")
+    raise DataFormatError(path, f"has {type(value).__name__} {str(value)[:60]!r} where {kind} is expected",
+                          f"store {column!r} as {kind}", row=row, column=column)
+
+
+def gold_answer(spec: Benchmark, value: Any, *, path="<hub>", row: int = 0) -> str:
+    """The gold answer of one row from its answer column, as `spec.answer_kind` says."""
+    column = spec.answer
+    if spec.answer_kind == "first":
+        if isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        answer = _text(path, row, column, value, numbers=True)
+        return answer[1:-1].strip() if len(answer) > 1 and answer[0] == answer[-1] == "$" else answer
+    if spec.answer_kind == "boxed":
+        solution = _text(path, row, column, value)
+        boxed = extract_boxed(solution) or extract_boxed(solution.replace("\\fbox", "\\boxed"))
+        if boxed is None or not boxed.strip():
+            raise DataFormatError(path, "the solution has no \\boxed{...} answer", f"end the {column!r} text with "
+                                  "\\boxed{<answer>}, or store the answer itself in verl's reward_model.ground_truth",
+                                  row=row, column=column)
+        return boxed.strip()
+    if spec.answer_kind == "gsm8k":
+        text = _text(path, row, column, value, numbers=True)
+        if "####" not in text:
+            raise DataFormatError(path, "the answer has no '#### <number>' line", "end the answer with "
+                                  "'#### 42' (GSM8K's layout)", row=row, column=column)
+        return text.rsplit("####", 1)[1].strip().replace(",", "")
+    return _text(path, row, column, value, numbers=True)
+
+
+def make_example(source: str, prompt: str, gold: str) -> Example:
+    """An Example with a stable id: the source name and a hash of the prompt text."""
+    return Example(f"{source}-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}", prompt, gold)
+
+
+def benchmark_example(spec: Benchmark, record: dict[str, Any], *, path="<hub>", row: int = 0) -> Example:
+    """One row in the benchmark's own layout -> Example (question in `PROMPT_TEMPLATE`)."""
+    layout = f"{spec.name}'s"
+    question = _text(path, row, spec.question, _column(path, row, record, spec.question, layout))
+    gold = gold_answer(spec, _column(path, row, record, spec.answer, layout), path=path, row=row)
+    return make_example(spec.name, PROMPT_TEMPLATE.format(question=question), gold)
+
+
+def verl_example(record: dict[str, Any], *, path, row: int, default_source: str) -> Example:
+    """One verl row -> Example: the chat messages as they are (a system message goes before the user's)."""
+    messages = record["prompt"]
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    shape = "a list of chat messages such as [{\"role\": \"user\", \"content\": \"...\"}]"
+    if not isinstance(messages, (list, tuple)) or not messages or \
+            not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+        raise DataFormatError(path, f"'prompt' is {type(messages).__name__} {str(messages)[:60]!r}, not {shape}",
+                              f"write 'prompt' as {shape}", row=row, column="prompt")
+    roles = [m.get("role") for m in messages]
+    if roles[-1] != "user" or any(r not in ("system", "user") for r in roles):
+        raise DataFormatError(path, f"'prompt' has roles {roles}: only system and user messages, ending with the "
+                              "user's, make a single-turn question", "keep one user message (after an optional "
+                              "system message)", row=row, column="prompt")
+    prompt = "\n\n".join(m["content"].strip() for m in messages)
+    reward_model = record["reward_model"]
+    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+        raise DataFormatError(path, f"'reward_model' is {str(reward_model)[:60]!r} without a 'ground_truth'",
+                              "write reward_model as {\"style\": \"rule\", \"ground_truth\": \"<answer>\"}",
+                              row=row, column="reward_model.ground_truth")
+    gold = _text(path, row, "reward_model.ground_truth", reward_model["ground_truth"], numbers=True)
+    source = record.get("data_source") or default_source
+    return make_example(str(source).replace("/", "_"), prompt, gold)
+
+
+def examples_from_file(spec: Benchmark, path: str | os.PathLike) -> list[Example]:
+    """Every row of a local file in `spec`'s own layout or verl's schema (decided by the first row)."""
+    examples: list[Example] = []
+    verl = None
+    for row, record in read_rows(path):
+        if verl is None:
+            verl = is_verl_record(record)
+        if verl:
+            for column in ("prompt", "reward_model"):
+                _column(path, row, record, column, "verl's")
+            examples.append(verl_example(record, path=path, row=row, default_source=spec.name))
+        else:
+            examples.append(benchmark_example(spec, record, path=path, row=row))
+    if not examples:
+        raise DataFormatError(path, "holds no rows", "give a file with at least one problem")
+    return examples
+
+
+# ---------------------------------------------------------------------------------------------------
+# the hub
+
+
+def _hub_offline() -> bool:
+    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("HF_DATASETS_OFFLINE", ""))
+    return any(flag.strip().upper() in ("1", "ON", "YES", "TRUE") for flag in flags)
+
+
+def _probe_dataset(repo_id: str, timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """None when the hub answers for dataset `repo_id` within `timeout` seconds, else why not."""
+    from huggingface_hub import HfApi
+
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            HfApi().dataset_info(repo_id, timeout=timeout)
+            outcome.append(None)
+        except Exception as error:  # any failure means: do not start minutes of download retries
+            outcome.append(f"{type(error).__name__}: {error}".splitlines()[0][:300])
+
+    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo ignores socket timeouts
+    thread.start()
+    thread.join(timeout + 1.0)
+    return outcome[0] if outcome else f"no answer within {timeout:.0f} s"
+
+
+def examples_from_hub(spec: Benchmark) -> list[Example]:
+    """The benchmark's hub split (from the local HF cache when HF_HUB_OFFLINE=1)."""
+    fix = (f"download it where the hub is reachable (e.g. `datasets.load_dataset({spec.hub_id!r}, "
+           f"{spec.hub_config!r}, split={spec.split!r}).to_parquet('{spec.name}.parquet')`), copy the file here and "
+           f"give it as a local file (evaluate.py: files.{spec.name}=/path/{spec.name}.parquet; training: "
+           "data.train_files / data.eval_files); with a cached copy, set HF_HUB_OFFLINE=1")
+    why = None if _hub_offline() else _probe_dataset(spec.hub_id)
+    if why is not None:
+        raise BenchmarkLoadError(f"benchmark {spec.name!r}: the hub dataset {spec.hub_id!r} is unreachable ({why}). "
+                                 f"Fix: {fix}")
+    import datasets
+
+    try:
+        rows = datasets.load_dataset(spec.hub_id, spec.hub_config, split=spec.split)
+    except Exception as err:
+        raise BenchmarkLoadError(f"benchmark {spec.name!r}: cannot load {spec.hub_id!r} (config {spec.hub_config!r}, "
+                                 f"split {spec.split!r}): {type(err).__name__}: {str(err).splitlines()[0][:300]}. "
+                                 f"Fix: {fix}") from None
+    where = f"{spec.hub_id} ({spec.split})"
+    return [benchmark_example(spec, record, path=where, row=row) for row, record in enumerate(rows, start=1)]
+
+
+def load_benchmark(name: str, files: Sequence[str | os.PathLike] = (), *, limit: int | None = None) -> PromptDataset:
+    """Benchmark `name` from local `files` (its own layout or verl's, per file) or, without files, the hub.
+
+    `limit` keeps the first `limit` problems. Raises KeyError (unknown name), DataFormatError (a
+    malformed file) or BenchmarkLoadError (hub unreachable; the message says how to use a file).
+    """
+    spec = get_benchmark(name)
+    if files:
+        examples = [ex for path in files for ex in examples_from_file(spec, path)]
+    else:
+        examples = examples_from_hub(spec)
+    return PromptDataset(examples[:limit] if limit else examples, name=name)
