@@ -422,3 +422,92 @@ def _check_trainer(c: _Checks, cfg: TrainConfig) -> None:
             c.bad("trainer.mini_batch_prompts", mini,
                   f"a multiple of algorithm.rollout_multiplier={alg.rollout_multiplier} ({alg.name} halves mini-batches)",
                   f"set trainer.mini_batch_prompts to a multiple of {alg.rollout_multiplier}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# scripts/evaluate.py
+
+
+@dataclass
+class EvaluateConfig:
+    """`scripts/evaluate.py`: which agents, on which benchmarks, under which protocol (see
+    `hacrl_lightning.evaluation`). Composed by Hydra from `configs/evaluate/evaluate.yaml`."""
+
+    agents: List[str] = field(default_factory=list)
+    """Exported agent dirs (runs/<run>/exports/<agent>), standalone HF dirs, hub ids, or run dirs /
+    .ckpt files (every agent of the run, with the checkpoint's weights)."""
+    benchmarks: List[str] = field(default_factory=list)
+    """Names of `hacrl_lightning.data.benchmarks` (the paper's seven: math500, math, gsm8k, aime2025,
+    amc23, minerva, olympiadbench)."""
+    files: Dict[str, Any] = field(default_factory=dict)
+    """Local files per benchmark (a path or a list), read instead of the hub: files.math500=/data/test.parquet."""
+    protocol: str = "paper"
+    """`paper` (avg@1 everywhere, best@30 = pass@30 on AIME 2025) or `custom` (`samples`, `pass_k`)."""
+    samples: int = 1
+    """custom protocol: answers per problem (avg@samples)."""
+    pass_k: List[int] = field(default_factory=list)
+    """custom protocol: pass@k values to report, each in [1, samples]."""
+    temperature: Optional[float] = None
+    """null: greedy for one answer per problem, each agent's own temperature for several."""
+    max_prompt_len: Optional[int] = None
+    """Override every agent's prompt length (null keeps each agent's)."""
+    max_response_len: Optional[int] = None
+    """Override every agent's response length (the paper evaluates with 8192 tokens)."""
+    dtype: Optional[str] = None
+    limit: Optional[int] = None
+    """Keep the first `limit` problems of each benchmark (smoke tests); null keeps all."""
+    reward: str = "math_verify"
+    backend: str = "hf"
+    generation_batch_size: int = 64
+    gpu_memory_utilization: float = 0.5
+    device: str = "auto"
+    """`auto` (CUDA when available), `cpu` or `cuda`."""
+    seed: int = 0
+    output_dir: str = "eval/default"
+    zoo_cache: Optional[str] = None
+
+
+EVAL_PROTOCOLS = ("paper", "custom")
+EVAL_DEVICES = ("auto", "cpu", "cuda")
+
+
+def validate_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
+    """Every problem of an evaluation config at once (one ConfigError), or cfg when it is fine."""
+    from hacrl_lightning.data.benchmarks import BENCHMARKS
+    from hacrl_lightning.rewards import reward_names
+
+    c = _Checks()
+    if not cfg.agents:
+        c.bad("agents", [], "at least one agent dir, run dir, .ckpt or hub id", "e.g. agents=[runs/x/exports/tiny_a]")
+    if not cfg.benchmarks:
+        c.bad("benchmarks", [], f"at least one of {sorted(BENCHMARKS)}", "e.g. benchmarks=[math500,aime2025]")
+    for name in cfg.benchmarks:
+        if name not in BENCHMARKS:
+            c.bad("benchmarks", name, suggest(name, BENCHMARKS), "pick registered benchmarks")
+    for name in cfg.files:
+        if name not in cfg.benchmarks:
+            c.bad(f"files.{name}", cfg.files[name], f"a benchmark of this run {list(cfg.benchmarks)}",
+                  f"add {name} to benchmarks or drop files.{name}")
+    c.choice("protocol", cfg.protocol, EVAL_PROTOCOLS)
+    c.positive("samples", cfg.samples)
+    if cfg.protocol == "paper" and (cfg.samples != 1 or cfg.pass_k):
+        c.bad("samples/pass_k", (cfg.samples, list(cfg.pass_k)), "the defaults under protocol=paper (it fixes them)",
+              "use protocol=custom to choose samples and pass_k")
+    bad_k = [k for k in cfg.pass_k if not 1 <= k <= max(cfg.samples, 0)]
+    if bad_k:
+        c.bad("pass_k", list(cfg.pass_k), f"each k in [1, samples={cfg.samples}]", f"raise samples or drop {bad_k}")
+    if cfg.temperature is not None:
+        c.positive("temperature", cfg.temperature, strict=False)
+    for key in ("max_prompt_len", "max_response_len", "limit"):
+        if getattr(cfg, key) is not None:
+            c.positive(key, getattr(cfg, key))
+    if cfg.dtype is not None:
+        c.choice("dtype", cfg.dtype, DTYPES)
+    if cfg.reward not in reward_names():
+        c.bad("reward", cfg.reward, suggest(cfg.reward, reward_names()), "set reward to a registered reward")
+    c.choice("backend", cfg.backend, BACKENDS)
+    c.positive("generation_batch_size", cfg.generation_batch_size)
+    c.choice("device", cfg.device, EVAL_DEVICES)
+    if c.problems:
+        raise ConfigError(c.problems)
+    return cfg

@@ -1,0 +1,294 @@
+"""Per-agent benchmark evaluation: answers from the rollout engine, rewards, avg@k / pass@k tables.
+
+Each agent answers every problem of every benchmark `n` times with its own chat template and its
+own engine (`hacrl_lightning.rollout`); the reward function scores each answer; per benchmark the
+agent gets avg@n (mean score) and the unbiased pass@k (`1 - C(n-c, k) / C(n, k)`, Chen et al. 2021,
+computed as a stable product in `algorithms/metrics.py`). Two protocols:
+
+- `paper` (HACPO, arXiv 2603.02604): avg@1 on every benchmark, best@30 (= pass@30 over 30 samples)
+  on AIME 2025 (`Benchmark.paper_samples`).
+- `custom`: n = `samples` answers everywhere, avg@n plus pass@k for each k in `pass_k`.
+
+One answer per problem is greedy unless a temperature is given; several are sampled at the
+agent's own temperature. Agents come from exported dirs or standalone HF dirs/hub ids, or from a
+training checkpoint (a run dir or a `.ckpt`: the run's config says how to build each agent, the
+checkpoint gives its weights). Deliberately not here: Hydra (`scripts/evaluate.py`), dataset
+parsing (`data/benchmarks.py`) and training-time evaluation (`callbacks/evaluation.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from hacrl_lightning.agents.agent import AGENT_FILE, Agent, AgentLoadError
+from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pass_at_k
+from hacrl_lightning.config import AgentConfig, TrainConfig
+from hacrl_lightning.data.benchmarks import get_benchmark
+from hacrl_lightning.data.records import Example
+from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, make_engine
+
+__all__ = [
+    "PROTOCOLS", "EvalPlan", "avg_at_k", "evaluate_agents", "format_table", "load_eval_agents", "pass_at_k",
+    "plan_benchmarks", "score_correct", "unbiased_pass_at_k", "write_results",
+]
+
+PROTOCOLS = ("paper", "custom")
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """How one benchmark is evaluated: `samples` answers per problem, the table's `headline` metric,
+    and the pass@k values reported beside avg@samples."""
+
+    benchmark: str
+    samples: int
+    headline: str
+    pass_k: tuple[int, ...] = ()
+
+
+def plan_benchmarks(names: Sequence[str], *, protocol: str = "paper", samples: int = 1,
+                    pass_k: Sequence[int] = ()) -> list[EvalPlan]:
+    """The plan of each benchmark under `protocol` (`paper` ignores `samples` and `pass_k`)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol={protocol!r} is unknown: allowed {list(PROTOCOLS)}")
+    plans = []
+    for name in names:
+        if protocol == "paper":
+            n = get_benchmark(name).paper_samples
+            plans.append(EvalPlan(name, n, "avg@1" if n == 1 else f"pass@{n}", (n,) if n > 1 else ()))
+            continue
+        get_benchmark(name)
+        bad = [k for k in pass_k if not 1 <= k <= samples]
+        if bad:
+            raise ValueError(f"pass_k={list(pass_k)}: every k must lie in [1, samples={samples}]; raise samples or drop {bad}")
+        plans.append(EvalPlan(name, samples, f"avg@{samples}", tuple(sorted(set(pass_k)))))
+    return plans
+
+
+def score_correct(correct: torch.Tensor, pass_k: Sequence[int] = ()) -> dict[str, float]:
+    """`correct[P, n]` (rewards in [0, 1]) -> {avg@n, pass@k for each k}; pass@k counts rewards > 0."""
+    n = correct.shape[1]
+    scores = {f"avg@{n}": float(avg_at_k(correct))}
+    for k in pass_k:
+        scores[f"pass@{k}"] = float(pass_at_k(correct, k))
+    return scores
+
+
+# ---------------------------------------------------------------------------------------------------
+# generating and scoring
+
+
+def _answers(agent: Agent, engine: RolloutEngine, examples: Sequence[Example], *, samples: int,
+             temperature: float | None, seed: int, max_new_tokens: int) -> list[list[str]]:
+    """`samples` decoded answers per problem, [P][n]."""
+    if temperature is None:
+        temperature = 0.0 if samples == 1 else agent.cfg.temperature
+    sampling = SamplingSettings(max_new_tokens=max_new_tokens, n=samples, temperature=temperature,
+                                top_p=agent.cfg.top_p, top_k=agent.cfg.top_k, seed=seed)
+    prompt_ids = agent.encode_prompts([ex.prompt for ex in examples])
+    generations = engine.generate(prompt_ids, sampling)
+    texts = [agent.decode_response(g.token_ids) for g in generations]
+    return [texts[p * samples : (p + 1) * samples] for p in range(len(examples))]
+
+
+def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequence[Example]],
+                    plans: Sequence[EvalPlan], *, reward_fn: Callable[[str, str], float],
+                    engines: Mapping[str, RolloutEngine], temperature: float | None = None, seed: int = 0,
+                    protocol: str = "paper", sources: Mapping[str, str] | None = None,
+                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every agent on every planned benchmark; returns the results (what `write_results` stores).
+
+    `results["agents"][agent]["scores"][benchmark]` holds avg@n, pass@k, the headline score and
+    each problem's count of correct answers; `["average"]` is the mean headline score (the
+    paper's AVG column).
+    """
+    results: dict[str, Any] = {
+        "protocol": protocol,
+        "benchmarks": {p.benchmark: {"title": get_benchmark(p.benchmark).title, "samples": p.samples,
+                                     "headline": p.headline, "problems": len(benchmarks[p.benchmark])}
+                       for p in plans},
+        "agents": {},
+    }
+    for j, (name, agent) in enumerate(agents.items()):
+        rows: dict[str, Any] = {}
+        for b, plan in enumerate(plans):
+            examples = list(benchmarks[plan.benchmark])
+            answers = _answers(agent, engines[name], examples, samples=plan.samples, temperature=temperature,
+                               seed=seed + 1000 * j + b, max_new_tokens=agent.max_response_len)
+            rewards = torch.tensor([[float(reward_fn(text, ex.gold)) for text in row]
+                                    for row, ex in zip(answers, examples)], dtype=torch.float64)  # [P, n]
+            scores = score_correct(rewards, plan.pass_k)
+            rows[plan.benchmark] = {
+                **scores, "headline": scores[plan.headline],
+                "correct": [int((r > 0).sum()) for r in rewards],
+                "prompt_ids": [ex.prompt_id for ex in examples],
+            }
+            if progress:
+                progress(f"{name} / {plan.benchmark}: {plan.headline} = {scores[plan.headline]:.3f}")
+        headlines = [row["headline"] for row in rows.values()]
+        results["agents"][name] = {
+            "source": (sources or {}).get(name, agent.cfg.model),
+            "scores": rows,
+            "average": sum(headlines) / len(headlines) if headlines else math.nan,
+        }
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------
+# tables and files
+
+
+def format_table(results: Mapping[str, Any]) -> str:
+    """A markdown table: one row per agent, one column per benchmark (its headline metric), and AVG."""
+    benches = results["benchmarks"]
+    header = ["agent"] + [f"{b['title']} {b['headline']}" for b in benches.values()] + ["AVG"]
+    rows = [header]
+    for name, agent in results["agents"].items():
+        rows.append([name] + [f"{agent['scores'][key]['headline']:.3f}" for key in benches] + [f"{agent['average']:.3f}"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def write_results(results: Mapping[str, Any], directory: str | os.PathLike) -> tuple[Path, Path]:
+    """`results.json` (everything) and `results.md` (the table and how it was made) in `directory`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = directory / "results.json", directory / "results.md"
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    lines = [f"# Evaluation ({results['protocol']} protocol)", "", format_table(results), ""]
+    lines += ["| benchmark | problems | samples per problem | metric |", "|---|---|---|---|"]
+    lines += [f"| {b['title']} | {b['problems']} | {b['samples']} | {b['headline']} |" for b in results["benchmarks"].values()]
+    lines += ["", "Agents:", ""] + [f"- `{name}`: {a['source']}" for name, a in results["agents"].items()]
+    md_path.write_text("\n".join(lines) + "\n")
+    return json_path, md_path
+
+
+# ---------------------------------------------------------------------------------------------------
+# agents from exports, hub ids and checkpoints
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return path.suffix == ".ckpt" or (path.is_dir() and not (path / "config.json").exists()
+                                      and ((path / "checkpoints").is_dir() or any(path.glob("step_*.ckpt"))))
+
+
+def _unique(name: str, taken: Mapping[str, Any]) -> str:
+    candidate, i = name, 2
+    while candidate in taken:
+        candidate, i = f"{name}-{i}", i + 1
+    return candidate
+
+
+def export_config(directory: Path) -> tuple[str | None, AgentConfig]:
+    """(agent name, AgentConfig) of a standalone HF dir; an `Agent.export` dir also restores its settings."""
+    cfg = AgentConfig(model=str(directory))
+    settings_file = directory / AGENT_FILE
+    if not settings_file.exists():
+        return None, cfg
+    settings = json.loads(settings_file.read_text())
+    cfg = replace(cfg, chat_template_kwargs=dict(settings.get("chat_template_kwargs") or {}),
+                  system_prompt=settings.get("system_prompt"),
+                  max_prompt_len=int(settings.get("max_prompt_len", cfg.max_prompt_len)),
+                  max_response_len=int(settings.get("max_response_len", cfg.max_response_len)))
+    return settings.get("name"), cfg
+
+
+def run_config(run_dir: Path) -> TrainConfig:
+    """The TrainConfig a run saved (`config.yaml`, as resolved by scripts/train.py)."""
+    from omegaconf import OmegaConf
+
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir}: no config.yaml beside the checkpoint, so the agents cannot be rebuilt. "
+                                "Fix: give the run directory written by scripts/train.py, or evaluate its exports "
+                                f"({run_dir}/exports/<agent>)")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path)))
+
+
+def checkpoint_state(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The module state dict of a Lightning checkpoint (a file, or an FSDP2 directory, consolidated)."""
+    if checkpoint.is_dir():
+        from lightning.fabric.utilities.consolidate_checkpoint import _load_distributed_checkpoint
+
+        state = _load_distributed_checkpoint(checkpoint)
+    else:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    return state.get("state_dict", state)
+
+
+def agents_from_checkpoint(location: str | os.PathLike, *, zoo_cache: str | None = None,
+                           adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c) -> dict[str, Agent]:
+    """Every agent of a run, built as its config says and loaded with the checkpoint's weights."""
+    from hacrl_lightning.callbacks.checkpoint import latest_checkpoint, run_dir_of
+
+    checkpoint = latest_checkpoint(location)
+    cfg = run_config(run_dir_of(checkpoint))
+    state = checkpoint_state(checkpoint)
+    agents = {}
+    for name, agent_cfg in cfg.agents.items():
+        prefix = f"agents.{name}."
+        weights = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+        if not weights:
+            raise AgentLoadError(f"{checkpoint}: no weights for agent {name!r} (keys {prefix}*). Fix: give a "
+                                 "checkpoint written by scripts/train.py for this run")
+        agent = Agent.load(name, adjust(agent_cfg), zoo_cache=zoo_cache or cfg.zoo_cache, check_texts=())
+        agent.load_state_dict(weights, strict=True)
+        agents[name] = agent
+    return agents
+
+
+def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
+                     adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c) -> tuple[dict[str, Agent], dict[str, str]]:
+    """Agents to evaluate, and where each came from. An entry is an exported agent dir or any
+    standalone HF dir, a run dir or `.ckpt` (all of the run's agents, with the checkpoint's
+    weights), or a hub id. `adjust` edits each AgentConfig (length and dtype overrides).
+
+    Tokenizers are not checked for lossless round trips here: evaluation never retokenizes.
+    """
+    agents: dict[str, Agent] = {}
+    sources: dict[str, str] = {}
+    for entry in entries:
+        path = Path(os.path.expanduser(entry))
+        if _is_checkpoint(path):
+            for name, agent in agents_from_checkpoint(path, zoo_cache=zoo_cache, adjust=adjust).items():
+                key = _unique(name, agents)
+                agents[key], sources[key] = agent, f"checkpoint {path}"
+            continue
+        if path.is_dir():
+            name, cfg = export_config(path)
+            name = name or path.name
+        elif path.exists() or entry.startswith(("/", "./", "../", "~")):
+            raise AgentLoadError(f"agents entry {entry!r} is neither an agent directory (config.json + weights), a run "
+                                 "directory with checkpoints nor a .ckpt file. Fix: give runs/<run>/exports/<agent>, "
+                                 "runs/<run> or a checkpoint path")
+        else:
+            name, cfg = entry.rstrip("/").split("/")[-1], AgentConfig(model=entry)
+        key = _unique(name.replace(".", "_"), agents)
+        agents[key] = Agent.load(key, adjust(cfg), zoo_cache=zoo_cache, check_texts=())
+        sources[key] = entry
+    return agents, sources
+
+
+def build_engines(agents: Mapping[str, Agent], *, backend: str = "hf", batch_size: int = 64,
+                  gpu_memory_utilization: float = 0.5, seed: int = 0,
+                  export_dir: str | os.PathLike | None = None) -> dict[str, RolloutEngine]:
+    """One rollout engine per agent. vLLM reads weights from a HF dir: each agent is exported first."""
+    engines = {}
+    for name, agent in agents.items():
+        options: dict[str, Any] = dict(eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id,
+                                       batch_size=batch_size)
+        if backend == "vllm":
+            model_dir = agent.export(Path(export_dir or "eval_exports") / name)
+            options.update(model_dir=model_dir, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+                           max_model_len=agent.max_prompt_len + agent.max_response_len, dtype=agent.cfg.dtype)
+        engines[name] = make_engine(backend, agent.model, **options)
+    return engines

@@ -1,0 +1,110 @@
+"""Evaluate agents on math benchmarks: per-agent avg@k and unbiased pass@k, a table, results.json/.md.
+
+    python scripts/evaluate.py agents=[runs/x/exports/tiny_a,runs/x/exports/tiny_b] benchmarks=[math500]
+    python scripts/evaluate.py agents=[runs/x] protocol=paper                 # every agent of the run's checkpoint
+    python scripts/evaluate.py agents=[Qwen/Qwen3-4B-Base] max_response_len=8192
+    python scripts/evaluate.py agents=[...] benchmarks=[gsm8k] files.gsm8k=/data/gsm8k_test.parquet reward=math_verify
+    python scripts/evaluate.py --cfg job                                      # print the composed config
+
+Composes `configs/evaluate/evaluate.yaml` with `EvaluateConfig` as the schema (every problem
+reported at once, exit status 2), loads the agents and benchmarks, generates with the rollout
+engine, scores with the reward registry, prints the table and writes results.json and results.md
+in `output_dir`. The resolved config is saved there as evaluate.yaml.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.config_store import ConfigStore  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from hacrl_lightning.agents.agent import AgentLoadError  # noqa: E402
+from hacrl_lightning.config import AgentConfig, ConfigError, EvaluateConfig, validate_evaluate  # noqa: E402
+from hacrl_lightning.data.benchmarks import BenchmarkLoadError, DataFormatError, load_benchmark  # noqa: E402
+from hacrl_lightning.evaluation import (  # noqa: E402
+    build_engines,
+    evaluate_agents,
+    format_table,
+    load_eval_agents,
+    plan_benchmarks,
+    write_results,
+)
+from hacrl_lightning.rewards import get_reward  # noqa: E402
+from hydra_config import CONFIG_DIR, _problem_from_exception, parse_cli, save_resolved  # noqa: E402
+
+EVAL_CONFIG_DIR = CONFIG_DIR / "evaluate"
+
+
+def compose_evaluate(overrides: list[str]) -> tuple[EvaluateConfig, DictConfig]:
+    """Overrides -> (validated EvaluateConfig, its DictConfig); raises ConfigError listing every problem."""
+    # `files` is a free dict: files.<benchmark>=... adds a key (Hydra's `+` prefix, added for the user)
+    overrides = [f"+{o}" if o.startswith("files.") else o for o in overrides]
+    ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(EVAL_CONFIG_DIR), version_base="1.3"):
+            dcfg = compose(config_name="evaluate", overrides=overrides)
+        cfg = OmegaConf.to_object(dcfg)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError([_problem_from_exception(err)]) from None
+    return validate_evaluate(cfg), dcfg
+
+
+def main(argv: list[str]) -> int:
+    overrides, show = parse_cli(argv)
+    try:
+        cfg, dcfg = compose_evaluate(overrides)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if show:
+        print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
+        return 0
+    out = Path(cfg.output_dir).resolve()
+    save_resolved(dcfg, out, name="evaluate.yaml")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+
+    def adjust(agent: AgentConfig) -> AgentConfig:
+        changes = {key: getattr(cfg, key) for key in ("max_prompt_len", "max_response_len", "dtype")
+                   if getattr(cfg, key) is not None}
+        return replace(agent, **changes)
+
+    try:
+        plans = plan_benchmarks(cfg.benchmarks, protocol=cfg.protocol, samples=cfg.samples, pass_k=cfg.pass_k)
+        benchmarks = {}
+        for name in cfg.benchmarks:
+            files = cfg.files.get(name) or []
+            benchmarks[name] = load_benchmark(name, [files] if isinstance(files, str) else list(files), limit=cfg.limit)
+            print(f"{name}: {len(benchmarks[name])} problems from {files or 'the hub'}")
+        agents, sources = load_eval_agents(cfg.agents, zoo_cache=cfg.zoo_cache, adjust=adjust)
+    except (AgentLoadError, BenchmarkLoadError, DataFormatError, FileNotFoundError, KeyError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for agent in agents.values():
+        agent.to(device)
+    engines = build_engines(agents, backend=cfg.backend, batch_size=cfg.generation_batch_size,
+                            gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed,
+                            export_dir=out / "engine_dirs")
+    print(f"agents: {', '.join(f'{k} ({v})' for k, v in sources.items())} | protocol: {cfg.protocol} | device: {device}")
+    results = evaluate_agents(agents, benchmarks, plans, reward_fn=get_reward(cfg.reward), engines=engines,
+                              temperature=cfg.temperature, seed=cfg.seed, protocol=cfg.protocol, sources=sources,
+                              progress=print)
+    results["settings"] = OmegaConf.to_container(dcfg, resolve=True)
+    json_path, md_path = write_results(results, out)
+    print(format_table(results))
+    print(f"results: {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
