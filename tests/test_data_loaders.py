@@ -1,0 +1,183 @@
+"""Math benchmark loaders: every layout in every file format, verl's schema, tasks, and malformed files.
+
+The fixtures (tests/fixtures/math/, written by make_fixtures.py there) hold problems written for
+these tests; the expected gold answers are listed beside the rows in make_fixtures.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hacrl_lightning.config import AgentConfig, DataConfig, TrainConfig, validate
+from hacrl_lightning.data.benchmarks import (
+    BENCHMARKS,
+    PAPER_BENCHMARKS,
+    PROMPT_TEMPLATE,
+    BenchmarkLoadError,
+    DataFormatError,
+    examples_from_hub,
+    load_benchmark,
+)
+from hacrl_lightning.data.tasks import load_task, task_names
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "math"
+sys.path.insert(0, str(FIXTURES))
+
+import make_fixtures as fx  # noqa: E402
+
+CASES = [(name, stem) for stem, (_, _, names) in fx.LAYOUTS.items() for name in names]
+
+
+def test_the_registry_holds_the_papers_seven_benchmarks_and_the_training_sets():
+    assert set(PAPER_BENCHMARKS) <= set(BENCHMARKS)
+    assert len(PAPER_BENCHMARKS) == 7
+    assert {"math_train", "gsm8k_train"} <= set(BENCHMARKS)
+    assert BENCHMARKS["math_train"].size == 7500 and BENCHMARKS["math_train"].split == "train"
+    assert [BENCHMARKS[b].paper_samples for b in PAPER_BENCHMARKS] == [1, 1, 1, 30, 1, 1, 1]
+
+
+def test_every_benchmark_has_a_fixture_layout():
+    assert {name for name, _ in CASES} == set(BENCHMARKS)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".json"])
+@pytest.mark.parametrize("name,stem", CASES, ids=[n for n, _ in CASES])
+def test_each_loader_reads_its_fixture_in_every_format(name, stem, suffix, tmp_path):
+    rows, gold, _ = fx.LAYOUTS[stem]
+    if suffix == ".json":  # a JSON list, written here from the same rows
+        path = tmp_path / f"{stem}.json"
+        path.write_text(json.dumps(rows))
+    else:
+        path = FIXTURES / f"{stem}{suffix}"
+    spec = BENCHMARKS[name]
+    dataset = load_benchmark(name, [path])
+    assert len(dataset) == len(rows)
+    assert [ex.gold for ex in dataset] == gold
+    assert [ex.prompt for ex in dataset] == [PROMPT_TEMPLATE.format(question=row[spec.question]) for row in rows]
+    assert all(ex.prompt.endswith("Please reason step by step, and put your final answer within \\boxed{}.")
+               for ex in dataset)
+    assert all(ex.prompt_id.startswith(f"{name}-") for ex in dataset)
+    assert len({ex.prompt_id for ex in dataset}) == len(rows)
+
+
+@pytest.mark.parametrize("name,stem", CASES, ids=[n for n, _ in CASES])
+def test_jsonl_and_parquet_give_identical_examples(name, stem):
+    assert list(load_benchmark(name, [FIXTURES / f"{stem}.jsonl"])) == \
+        list(load_benchmark(name, [FIXTURES / f"{stem}.parquet"]))
+
+
+def test_gold_answers_are_extracted_per_layout():
+    # MATH: last \boxed{} with nested braces, and \fbox; GSM8K: after ####, no thousands separator;
+    # AMC: numbers stored as floats; OlympiadBench: first list item without $...$
+    assert fx.MATH_GOLD == [ex.gold for ex in load_benchmark("math", [FIXTURES / "math.jsonl"])]
+    assert [ex.gold for ex in load_benchmark("gsm8k", [FIXTURES / "gsm8k.parquet"])] == ["48", "1500", "150"]
+    assert [ex.gold for ex in load_benchmark("amc23", [FIXTURES / "amc23.parquet"])] == ["55", "28", "0.6"]
+    assert [ex.gold for ex in load_benchmark("olympiadbench", [FIXTURES / "olympiadbench.parquet"])] == \
+        ["\\frac{1}{4}", "97", "3,-3"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_verl_schema_loads_unchanged(suffix):
+    dataset = load_benchmark("math500", [FIXTURES / f"verl{suffix}"])
+    assert [ex.gold for ex in dataset] == fx.VERL_GOLD
+    first, second = dataset[0], dataset[1]
+    assert first.prompt == fx.VERL_ROWS[0]["prompt"][0]["content"]  # its own instruction, no second template
+    assert second.prompt == "You are a careful mathematician.\n\n" + fx.VERL_ROWS[1]["prompt"][1]["content"]
+    assert first.prompt_id.startswith("DigitalLearningGmbH_MATH-lighteval-")
+    assert list(dataset) == list(load_benchmark("math500", [FIXTURES / "verl.jsonl"]))
+
+
+def test_several_files_are_concatenated_and_limit_keeps_the_first():
+    both = load_benchmark("math500", [FIXTURES / "math500.jsonl", FIXTURES / "verl.parquet"])
+    assert [ex.gold for ex in both] == fx.MATH500_GOLD + fx.VERL_GOLD
+    assert list(load_benchmark("math500", [FIXTURES / "math500.jsonl"], limit=2)) == list(both)[:2]
+
+
+def test_math_and_gsm8k_tasks_read_train_and_eval_files():
+    assert {"synthetic", "math", "gsm8k"} <= set(task_names())
+    cfg = DataConfig(name="math", train_files=[str(FIXTURES / "math.parquet"), str(FIXTURES / "verl.parquet")],
+                     eval_files=[str(FIXTURES / "math500.jsonl")], eval_size=2)
+    train, held_out = load_task(cfg)
+    assert [ex.gold for ex in train] == fx.MATH_GOLD + fx.VERL_GOLD
+    assert [ex.gold for ex in held_out] == fx.MATH500_GOLD[:2]
+    train, held_out = load_task(replace(cfg, name="gsm8k", train_files=[str(FIXTURES / "gsm8k.jsonl")],
+                                        eval_files=[str(FIXTURES / "gsm8k.parquet")], eval_size=10))
+    assert [ex.gold for ex in train] == [ex.gold for ex in held_out] == fx.GSM8K_GOLD
+
+
+def test_a_math_task_config_validates():
+    agents = {"tiny_a": AgentConfig(model="zoo:tiny_a"), "tiny_b": AgentConfig(model="zoo:tiny_b")}
+    cfg = TrainConfig(agents=agents, data=DataConfig(name="math", reward="exact_match", prompts_per_step=4))
+    cfg.trainer.mini_batch_prompts = 2
+    assert validate(cfg) is cfg
+
+
+# --- malformed files: the error names the file, the row, the column and the fix -------------------
+
+
+@pytest.mark.parametrize("name,file,row,column,words", [
+    ("math500", "bad_json.jsonl", 2, None, "not valid JSON"),
+    ("math500", "missing_column.jsonl", 2, "answer", "missing column 'answer'"),
+    ("amc23", "wrong_type.jsonl", 2, "question", "has list"),
+    ("amc23", "wrong_type.parquet", 2, "question", "is empty (null)"),
+    ("math500", "bad_verl.parquet", 2, "reward_model.ground_truth", "without a 'ground_truth'"),
+    ("math", "no_boxed.jsonl", 2, "solution", "no \\boxed{...} answer"),
+])
+def test_a_malformed_file_names_file_row_and_column(name, file, row, column, words):
+    path = FIXTURES / file
+    with pytest.raises(DataFormatError) as info:
+        load_benchmark(name, [path])
+    err = info.value
+    assert (err.path, err.row, err.column) == (str(path), row, column)
+    message = str(err)
+    assert message.startswith(f"{path}, row {row}")
+    assert words in message and "Fix: " in message
+    if column:
+        assert f"column {column!r}" in message
+
+
+def test_a_bad_verl_prompt_is_named(tmp_path):
+    path = tmp_path / "verl_bad.jsonl"
+    good = fx.VERL_ROWS[0]
+    rows = [good, {**good, "prompt": 42}, {**good, "prompt": [{"role": "assistant", "content": "hi"}]}]
+    for i, bad in enumerate(rows[1:], start=2):
+        path.write_text("".join(json.dumps(r) + "\n" for r in (good, bad)))
+        with pytest.raises(DataFormatError, match=r"row 2, column 'prompt'") as info:
+            load_benchmark("math500", [path])
+        assert info.value.row == 2
+
+
+@pytest.mark.parametrize("content,suffix,words", [
+    ("a,b\n1,2\n", ".csv", "unsupported file type '.csv'"),
+    ('{"problem": "x"}', ".json", "not a list of records"),
+    ('[{"problem": "x", "answer": "1"}, [1, 2]]', ".json", "row 2: holds a list"),
+    ("not parquet at all", ".parquet", "not a readable parquet file"),
+    ("", ".jsonl", "holds no rows"),
+])
+def test_unreadable_files_say_why(tmp_path, content, suffix, words):
+    path = tmp_path / f"data{suffix}"
+    path.write_text(content)
+    with pytest.raises(DataFormatError, match="Fix: ") as info:
+        load_benchmark("math500", [path])
+    assert words in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_missing_file_and_an_unknown_benchmark_are_named(tmp_path):
+    with pytest.raises(DataFormatError, match="no such file"):
+        load_benchmark("math500", [tmp_path / "absent.parquet"])
+    with pytest.raises(KeyError, match="did you mean 'math500'"):
+        load_benchmark("math5000")
+
+
+def test_an_unreachable_hub_dataset_says_how_to_use_a_local_file():
+    spec = replace(BENCHMARKS["gsm8k"], hub_id="hacrl-lightning-tests/no-such-dataset")
+    with pytest.raises(BenchmarkLoadError) as info:
+        examples_from_hub(spec)
+    message = str(info.value)
+    assert "hacrl-lightning-tests/no-such-dataset" in message
+    assert "files.gsm8k=" in message and "data.train_files" in message
