@@ -1,0 +1,250 @@
+"""Evaluation: unbiased pass@k and avg@k against hand-computed values, the paper's protocol, agents from
+exports and checkpoints, and scripts/evaluate.py as a real subprocess on two exported tiny agents."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from hacrl_lightning.data.benchmarks import load_benchmark
+from hacrl_lightning.data.synthetic import synthetic_examples
+from hacrl_lightning.config import DataConfig
+from hacrl_lightning.evaluation import (
+    EvalPlan,
+    avg_at_k,
+    build_engines,
+    format_table,
+    load_eval_agents,
+    pass_at_k,
+    plan_benchmarks,
+    score_correct,
+    unbiased_pass_at_k,
+    write_results,
+)
+from hacrl_lightning.rewards import exact_match_reward
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "math"
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def exact_pass_at_k(n: int, c: int, k: int) -> Fraction:
+    """1 - C(n-c, k) / C(n, k) in exact rational arithmetic (the reference for the float estimator)."""
+    return 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+
+
+# --- pass@k and avg@k --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,c,k,expected", [
+    (5, 2, 2, 0.7),                  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    (10, 3, 5, 1 - 21 / 252),        # 1 - C(7,5)/C(10,5)
+    (4, 1, 1, 0.25),                 # pass@1 = c / n
+    (30, 1, 30, 1.0),                # best@30 with one correct answer among 30
+    (30, 0, 30, 0.0),
+    (8, 0, 3, 0.0),                  # c = 0: never
+    (8, 8, 3, 1.0),                  # c = n: always
+    (6, 4, 3, 1.0),                  # n - c < k: every draw of k holds a correct one
+])
+def test_unbiased_pass_at_k_hand_computed(n, c, k, expected):
+    assert unbiased_pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_is_stable_where_binomials_overflow_floats():
+    # C(1000, 500) ~ 2.7e299 and C(2000, 1000) overflows a float; the product form does not
+    for n, c, k in [(1000, 10, 500), (2000, 3, 1000), (200, 100, 50)]:
+        assert unbiased_pass_at_k(n, c, k) == pytest.approx(float(exact_pass_at_k(n, c, k)), rel=1e-9)
+    assert unbiased_pass_at_k(1000, 1, 1) == pytest.approx(0.001, rel=1e-12)
+
+
+@pytest.mark.parametrize("n,c,k", [(3, 1, 4), (5, 6, 2), (5, 1, 0)])
+def test_pass_at_k_rejects_k_above_n_and_bad_counts(n, c, k):
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        unbiased_pass_at_k(n, c, k)
+
+
+def test_benchmark_pass_at_k_and_avg_at_k_over_problems():
+    correct = torch.tensor([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float64)  # c = 2, 0, 4 of n = 4
+    # pass@2 per problem: 1 - C(2,2)/C(4,2) = 5/6, 0, 1
+    assert float(pass_at_k(correct, 2)) == pytest.approx((5 / 6 + 0 + 1) / 3)
+    assert float(pass_at_k(correct, 1)) == pytest.approx((0.5 + 0 + 1) / 3)
+    assert float(avg_at_k(correct)) == pytest.approx(6 / 12)
+    with pytest.raises(ValueError, match="k must lie in"):
+        pass_at_k(correct, 5)
+    assert score_correct(correct, (1, 4)) == pytest.approx({"avg@4": 0.5, "pass@1": 0.5, "pass@4": 2 / 3})
+
+
+def test_partial_rewards_count_in_avg_but_any_positive_reward_passes():
+    rewards = torch.tensor([[0.5, 0.0]], dtype=torch.float64)
+    assert score_correct(rewards, (2,)) == pytest.approx({"avg@2": 0.25, "pass@2": 1.0})
+
+
+# --- protocols -----------------------------------------------------------------------------------
+
+
+def test_paper_protocol_is_avg1_everywhere_and_best30_on_aime25():
+    plans = plan_benchmarks(["math500", "math", "gsm8k", "aime2025", "amc23", "minerva", "olympiadbench"])
+    assert {p.benchmark: (p.samples, p.headline, p.pass_k) for p in plans} == {
+        "math500": (1, "avg@1", ()), "math": (1, "avg@1", ()), "gsm8k": (1, "avg@1", ()),
+        "aime2025": (30, "pass@30", (30,)), "amc23": (1, "avg@1", ()), "minerva": (1, "avg@1", ()),
+        "olympiadbench": (1, "avg@1", ()),
+    }
+
+
+def test_custom_protocol_and_its_errors():
+    assert plan_benchmarks(["amc23"], protocol="custom", samples=8, pass_k=[8, 1, 1]) == \
+        [EvalPlan("amc23", 8, "avg@8", (1, 8))]
+    with pytest.raises(ValueError, match=r"every k must lie in \[1, samples=4\]"):
+        plan_benchmarks(["amc23"], protocol="custom", samples=4, pass_k=[8])
+    with pytest.raises(ValueError, match="protocol='best'"):
+        plan_benchmarks(["amc23"], protocol="best")
+    with pytest.raises(KeyError, match="did you mean 'amc23'"):
+        plan_benchmarks(["amc24"], protocol="custom")
+
+
+def test_table_and_files_round_trip(tmp_path):
+    results = {
+        "protocol": "paper",
+        "benchmarks": {"math500": {"title": "MATH-500", "samples": 1, "headline": "avg@1", "problems": 2},
+                       "aime2025": {"title": "AIME25", "samples": 30, "headline": "pass@30", "problems": 1}},
+        "agents": {"a": {"source": "/x/a", "average": 0.5,
+                         "scores": {"math500": {"headline": 0.5}, "aime2025": {"headline": 0.5}}},
+                   "bb": {"source": "/x/bb", "average": 0.25,
+                          "scores": {"math500": {"headline": 0.0}, "aime2025": {"headline": 0.5}}}},
+    }
+    table = format_table(results).splitlines()
+    assert table[0] == "| agent | MATH-500 avg@1 | AIME25 pass@30 | AVG   |"
+    assert table[2] == "| a     | 0.500          | 0.500          | 0.500 |"
+    assert table[3] == "| bb    | 0.000          | 0.500          | 0.250 |"
+    json_path, md_path = write_results(results, tmp_path / "out")
+    assert json.loads(json_path.read_text()) == results
+    assert format_table(results) in md_path.read_text()
+
+
+# --- agents from exports and checkpoints -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exports(zoo_agents, tmp_path_factory) -> dict[str, Path]:
+    """tiny_a and tiny_b exported as runs/<run>/exports/<agent> would be."""
+    root = tmp_path_factory.mktemp("run") / "exports"
+    return {name: zoo_agents[name].export(root / name) for name in ("tiny_a", "tiny_b")}
+
+
+@pytest.fixture(scope="module")
+def arithmetic_benchmark(tmp_path_factory) -> Path:
+    """Held-out synthetic problems in verl's schema: the tiny agents get some of them right."""
+    path = tmp_path_factory.mktemp("bench") / "arith.jsonl"
+    rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": ex.prompt}],
+             "reward_model": {"style": "rule", "ground_truth": ex.gold}}
+            for ex in synthetic_examples(DataConfig(), "eval", 16)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_checkpoint_agents_get_the_checkpoints_weights(load_zoo_agent, tmp_path):
+    from hydra_config import compose_config, save_resolved
+
+    cfg, dcfg = compose_config(["agents=[tiny_a,tiny_b]", "zoo_cache=null"])
+    run_dir = tmp_path / "run"
+    save_resolved(dcfg, run_dir)
+    trained = {name: load_zoo_agent(name) for name in cfg.agents}
+    with torch.no_grad():  # stand-in for training: every weight moves
+        for agent in trained.values():
+            for p in agent.parameters():
+                p.add_(0.125)
+    module_state = nn.ModuleDict(trained).state_dict()  # HACRLModule keeps agents under `agents.<name>.`
+    (run_dir / "checkpoints").mkdir()
+    torch.save({"state_dict": {f"agents.{k}": v for k, v in module_state.items()}, "epoch": 0},
+               run_dir / "checkpoints" / "step_0000002.ckpt")
+
+    for entry in (run_dir, run_dir / "checkpoints" / "step_0000002.ckpt"):
+        agents, sources = load_eval_agents([str(entry)])
+        assert list(agents) == ["tiny_a", "tiny_b"]
+        for name, agent in agents.items():
+            assert sources[name].startswith("checkpoint ")
+            for (key, got), want in zip(agent.state_dict().items(), trained[name].state_dict().values()):
+                assert torch.equal(got, want), key
+
+    (run_dir / "config.yaml").unlink()
+    with pytest.raises(FileNotFoundError, match="no config.yaml"):
+        load_eval_agents([str(run_dir)])
+
+
+def test_exported_dirs_restore_their_settings(exports, zoo_agents):
+    agents, sources = load_eval_agents([str(exports["tiny_a"]), str(exports["tiny_a"])])
+    assert list(agents) == ["tiny_a", "tiny_a-2"]
+    assert agents["tiny_a"].max_response_len == zoo_agents["tiny_a"].max_response_len
+    assert sources["tiny_a"] == str(exports["tiny_a"])
+    with pytest.raises(Exception, match="neither an agent directory"):
+        load_eval_agents([str(exports["tiny_a"].parent / "no_such_agent")])
+
+
+# --- scripts/evaluate.py ------------------------------------------------------------------------
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("evaluate_script", REPO / "scripts" / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_evaluate_reports_every_config_problem_at_once(capsys):
+    status = _script().main(["agents=[]", "benchmarks=[math5000,aime2025]", "protocol=custom", "samples=2",
+                             "pass_k=[3]", "reward=exact_matc", "files.gsm8k=x.jsonl"])
+    err = capsys.readouterr().err
+    assert status == 2
+    for words in ("agents: got []", "benchmarks: got 'math5000'", "did you mean 'math500'", "pass_k: got [3]",
+                  "reward: got 'exact_matc'", "files.gsm8k: got 'x.jsonl'"):
+        assert words in err, words
+
+
+def test_evaluate_on_two_exported_agents_writes_table_and_files(exports, arithmetic_benchmark, tmp_path):
+    out = tmp_path / "eval"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(REPO / "scripts" / "evaluate.py"),
+           f"agents=[{exports['tiny_a']},{exports['tiny_b']}]", "benchmarks=[gsm8k,aime2025]",
+           f"files.gsm8k={arithmetic_benchmark}", f"files.aime2025={FIXTURES / 'aime2025.parquet'}",
+           "reward=exact_match", "protocol=paper", f"output_dir={out}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    results = json.loads((out / "results.json").read_text())
+    assert format_table(results) in proc.stdout          # the table on screen ...
+    assert format_table(results) in (out / "results.md").read_text()  # ... and in the markdown file
+    assert (out / "evaluate.yaml").exists()
+    assert results["protocol"] == "paper"
+    assert results["benchmarks"]["gsm8k"] == {"title": "GSM8K", "samples": 1, "headline": "avg@1", "problems": 16}
+    assert results["benchmarks"]["aime2025"] == {"title": "AIME25", "samples": 30, "headline": "pass@30", "problems": 3}
+    assert list(results["agents"]) == ["tiny_a", "tiny_b"]
+    for name, row in results["agents"].items():
+        greedy, aime = row["scores"]["gsm8k"], row["scores"]["aime2025"]
+        assert greedy["avg@1"] == greedy["headline"] == pytest.approx(sum(greedy["correct"]) / 16)
+        assert aime["pass@30"] == pytest.approx(sum(unbiased_pass_at_k(30, c, 30) for c in aime["correct"]) / 3)
+        assert aime["avg@30"] == pytest.approx(sum(aime["correct"]) / 90)
+        assert row["average"] == pytest.approx((greedy["headline"] + aime["headline"]) / 2)
+
+    # the greedy scores are what the agents really answer: recompute them in this process
+    agents, _ = load_eval_agents([str(exports["tiny_a"]), str(exports["tiny_b"])])
+    engines = build_engines(agents)
+    examples = list(load_benchmark("gsm8k", [arithmetic_benchmark]))
+    from hacrl_lightning.rollout.engine import SamplingSettings
+
+    for name, agent in agents.items():
+        generations = engines[name].generate(agent.encode_prompts([ex.prompt for ex in examples]),
+                                             SamplingSettings(max_new_tokens=agent.max_response_len, temperature=0.0))
+        correct = [int(exact_match_reward(agent.decode_response(g.token_ids), ex.gold))
+                   for g, ex in zip(generations, examples)]
+        assert results["agents"][name]["scores"]["gsm8k"]["correct"] == correct
+    assert any(sum(r["scores"]["gsm8k"]["correct"]) > 0 for r in results["agents"].values())
