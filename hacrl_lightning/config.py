@@ -131,9 +131,12 @@ class DataConfig:
     """The task: where prompts and gold answers come from, and how responses are rewarded."""
 
     name: str = "synthetic"
-    """Task name: `synthetic` (offline arithmetic) or a dataset loader registered in `hacrl_lightning.data`."""
+    """Task name: `synthetic` (offline arithmetic), `math` (MATH train, MATH-500 held out) or `gsm8k`
+    (`hacrl_lightning.data.tasks`)."""
     train_files: List[str] = field(default_factory=list)
+    """Math tasks: local jsonl/json/parquet files (the benchmark's columns or verl's schema) instead of the hub."""
     eval_files: List[str] = field(default_factory=list)
+    """Math tasks: local held-out files (as train_files); the first `eval_size` problems are used."""
     reward: str = "exact_match"
     """Reward function by registered name (`exact_match`, `math_verify`)."""
     prompts_per_step: int = 8

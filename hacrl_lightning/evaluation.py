@@ -1,7 +1,8 @@
 """Per-agent benchmark evaluation: answers from the rollout engine, rewards, avg@k / pass@k tables.
 
 Each agent answers every problem of every benchmark `n` times with its own chat template and its
-own engine (`hacrl_lightning.rollout`); the reward function scores each answer; per benchmark the
+own engine (`hacrl_lightning.rollout`); a batch scorer (the reward function, serially or in a
+process pool) scores all answers of a benchmark at once; per benchmark the
 agent gets avg@n (mean score) and the unbiased pass@k (`1 - C(n-c, k) / C(n, k)`, Chen et al. 2021,
 computed as a stable product in `algorithms/metrics.py`). Two protocols:
 
@@ -35,8 +36,8 @@ from hacrl_lightning.data.records import Example
 from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, make_engine
 
 __all__ = [
-    "PROTOCOLS", "EvalPlan", "avg_at_k", "evaluate_agents", "format_table", "load_eval_agents", "pass_at_k",
-    "plan_benchmarks", "score_correct", "unbiased_pass_at_k", "write_results",
+    "PROTOCOLS", "BatchScorer", "EvalPlan", "avg_at_k", "evaluate_agents", "format_table", "load_eval_agents",
+    "pass_at_k", "plan_benchmarks", "score_correct", "serial_scorer", "unbiased_pass_at_k", "write_results",
 ]
 
 PROTOCOLS = ("paper", "custom")
@@ -67,7 +68,8 @@ def plan_benchmarks(names: Sequence[str], *, protocol: str = "paper", samples: i
         get_benchmark(name)
         bad = [k for k in pass_k if not 1 <= k <= samples]
         if bad:
-            raise ValueError(f"pass_k={list(pass_k)}: every k must lie in [1, samples={samples}]; raise samples or drop {bad}")
+            raise ValueError(f"pass_k={list(pass_k)}: every k must lie in [1, samples={samples}]; "
+                             f"raise samples or drop {bad}")
         plans.append(EvalPlan(name, samples, f"avg@{samples}", tuple(sorted(set(pass_k)))))
     return plans
 
@@ -98,8 +100,17 @@ def _answers(agent: Agent, engine: RolloutEngine, examples: Sequence[Example], *
     return [texts[p * samples : (p + 1) * samples] for p in range(len(examples))]
 
 
+BatchScorer = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
+"""`score(responses, golds) -> rewards`: a reward over a batch (e.g. `RewardPool.score`, hard timeouts)."""
+
+
+def serial_scorer(reward_fn: Callable[[str, str], float]) -> BatchScorer:
+    """A BatchScorer calling `reward_fn(response, gold)` item by item in this process."""
+    return lambda responses, golds: [float(reward_fn(r, g)) for r, g in zip(responses, golds)]
+
+
 def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequence[Example]],
-                    plans: Sequence[EvalPlan], *, reward_fn: Callable[[str, str], float],
+                    plans: Sequence[EvalPlan], *, score: BatchScorer,
                     engines: Mapping[str, RolloutEngine], temperature: float | None = None, seed: int = 0,
                     protocol: str = "paper", sources: Mapping[str, str] | None = None,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -122,8 +133,9 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
             examples = list(benchmarks[plan.benchmark])
             answers = _answers(agent, engines[name], examples, samples=plan.samples, temperature=temperature,
                                seed=seed + 1000 * j + b, max_new_tokens=agent.max_response_len)
-            rewards = torch.tensor([[float(reward_fn(text, ex.gold)) for text in row]
-                                    for row, ex in zip(answers, examples)], dtype=torch.float64)  # [P, n]
+            flat = score([text for row in answers for text in row],
+                         [ex.gold for ex in examples for _ in range(plan.samples)])
+            rewards = torch.tensor(list(flat), dtype=torch.float64).view(len(examples), plan.samples)  # [P, n]
             scores = score_correct(rewards, plan.pass_k)
             rows[plan.benchmark] = {
                 **scores, "headline": scores[plan.headline],
@@ -151,7 +163,8 @@ def format_table(results: Mapping[str, Any]) -> str:
     header = ["agent"] + [f"{b['title']} {b['headline']}" for b in benches.values()] + ["AVG"]
     rows = [header]
     for name, agent in results["agents"].items():
-        rows.append([name] + [f"{agent['scores'][key]['headline']:.3f}" for key in benches] + [f"{agent['average']:.3f}"])
+        cells = [f"{agent['scores'][key]['headline']:.3f}" for key in benches]
+        rows.append([name] + cells + [f"{agent['average']:.3f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -166,7 +179,8 @@ def write_results(results: Mapping[str, Any], directory: str | os.PathLike) -> t
     json_path.write_text(json.dumps(results, indent=2) + "\n")
     lines = [f"# Evaluation ({results['protocol']} protocol)", "", format_table(results), ""]
     lines += ["| benchmark | problems | samples per problem | metric |", "|---|---|---|---|"]
-    lines += [f"| {b['title']} | {b['problems']} | {b['samples']} | {b['headline']} |" for b in results["benchmarks"].values()]
+    lines += [f"| {b['title']} | {b['problems']} | {b['samples']} | {b['headline']} |"
+              for b in results["benchmarks"].values()]
     lines += ["", "Agents:", ""] + [f"- `{name}`: {a['source']}" for name, a in results["agents"].items()]
     md_path.write_text("\n".join(lines) + "\n")
     return json_path, md_path
@@ -247,7 +261,8 @@ def agents_from_checkpoint(location: str | os.PathLike, *, zoo_cache: str | None
 
 
 def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
-                     adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c) -> tuple[dict[str, Agent], dict[str, str]]:
+                     adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c,
+                     ) -> tuple[dict[str, Agent], dict[str, str]]:
     """Agents to evaluate, and where each came from. An entry is an exported agent dir or any
     standalone HF dir, a run dir or `.ckpt` (all of the run's agents, with the checkpoint's
     weights), or a hub id. `adjust` edits each AgentConfig (length and dtype overrides).

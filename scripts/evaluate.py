@@ -37,6 +37,7 @@ from hacrl_lightning.evaluation import (  # noqa: E402
     format_table,
     load_eval_agents,
     plan_benchmarks,
+    serial_scorer,
     write_results,
 )
 from hacrl_lightning.rewards import get_reward  # noqa: E402
@@ -95,8 +96,9 @@ def main(argv: list[str]) -> int:
     engines = build_engines(agents, backend=cfg.backend, batch_size=cfg.generation_batch_size,
                             gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed,
                             export_dir=out / "engine_dirs")
-    print(f"agents: {', '.join(f'{k} ({v})' for k, v in sources.items())} | protocol: {cfg.protocol} | device: {device}")
-    results = evaluate_agents(agents, benchmarks, plans, reward_fn=get_reward(cfg.reward), engines=engines,
+    listed = ", ".join(f"{k} ({v})" for k, v in sources.items())
+    print(f"agents: {listed} | protocol: {cfg.protocol} | device: {device}")
+    results = evaluate_agents(agents, benchmarks, plans, score=serial_scorer(get_reward(cfg.reward)), engines=engines,
                               temperature=cfg.temperature, seed=cfg.seed, protocol=cfg.protocol, sources=sources,
                               progress=print)
     results["settings"] = OmegaConf.to_container(dcfg, resolve=True)

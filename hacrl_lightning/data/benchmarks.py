@@ -64,7 +64,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               "problem", "solution", "boxed", size=7500),
     Benchmark("math", "MATH", "DigitalLearningGmbH/MATH-lighteval", "default", "test",
               "problem", "solution", "boxed", size=5000),
-    Benchmark("gsm8k_train", "GSM8K (train)", "openai/gsm8k", "main", "train", "question", "answer", "gsm8k", size=7473),
+    Benchmark("gsm8k_train", "GSM8K (train)", "openai/gsm8k", "main", "train", "question", "answer", "gsm8k",
+              size=7473),
     Benchmark("gsm8k", "GSM8K", "openai/gsm8k", "main", "test", "question", "answer", "gsm8k", size=1319),
     Benchmark("math500", "MATH-500", "HuggingFaceH4/MATH-500", None, "test", "problem", "answer", size=500),
     Benchmark("aime2025", "AIME25", "math-ai/aime25", None, "test", "problem", "answer", paper_samples=30, size=30),
@@ -120,7 +121,8 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
             records = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise DataFormatError(path, f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})",
-                                  "a .json file must hold one list of objects; use .jsonl for one object per line") from None
+                                  "a .json file must hold one list of objects; use .jsonl for one object a line",
+                                  ) from None
         if not isinstance(records, list):
             raise DataFormatError(path, f"holds a {type(records).__name__}, not a list of records",
                                   "write a JSON list of objects, or one object per line in a .jsonl file")
