@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from hacrl_lightning.data.benchmarks import load_benchmark
 from hacrl_lightning.data.synthetic import synthetic_examples
@@ -152,29 +151,32 @@ def arithmetic_benchmark(tmp_path_factory) -> Path:
     return path
 
 
-def test_checkpoint_agents_get_the_checkpoints_weights(load_zoo_agent, tmp_path):
+def test_checkpoint_agents_get_the_checkpoints_weights(zoo_agents, tmp_path):
     from hydra_config import compose_config, save_resolved
+    from transformers import AutoModelForCausalLM
 
-    cfg, dcfg = compose_config(["agents=[tiny_a,tiny_b]", "zoo_cache=null"])
+    from hacrl_lightning.training import train
+
     run_dir = tmp_path / "run"
+    cfg, dcfg = compose_config(["agents=[tiny_a,tiny_b]", "trainer.steps=1", "data.prompts_per_step=4",
+                                "trainer.mini_batch_prompts=2", "rollout.group_size=4", "trainer.eval_every=0",
+                                "data.eval_size=2", f"run_dir={run_dir}"])
     save_resolved(dcfg, run_dir)
-    trained = {name: load_zoo_agent(name) for name in cfg.agents}
-    with torch.no_grad():  # stand-in for training: every weight moves
-        for agent in trained.values():
-            for p in agent.parameters():
-                p.add_(0.125)
-    module_state = nn.ModuleDict(trained).state_dict()  # HACRLModule keeps agents under `agents.<name>.`
-    (run_dir / "checkpoints").mkdir()
-    torch.save({"state_dict": {f"agents.{k}": v for k, v in module_state.items()}, "epoch": 0},
-               run_dir / "checkpoints" / "step_0000002.ckpt")
+    train(cfg)  # one real HACPO step: a Lightning checkpoint and the exports hold the trained weights
+    checkpoint = run_dir / "checkpoints" / "step_0000001.ckpt"
+    assert checkpoint.exists()
 
-    for entry in (run_dir, run_dir / "checkpoints" / "step_0000002.ckpt"):
+    for entry in (run_dir, checkpoint):
         agents, sources = load_eval_agents([str(entry)])
         assert list(agents) == ["tiny_a", "tiny_b"]
         for name, agent in agents.items():
-            assert sources[name].startswith("checkpoint ")
-            for (key, got), want in zip(agent.state_dict().items(), trained[name].state_dict().values()):
-                assert torch.equal(got, want), key
+            assert sources[name] == f"checkpoint {entry}"
+            exported = AutoModelForCausalLM.from_pretrained(run_dir / "exports" / name).state_dict()
+            loaded = agent.model.state_dict()
+            assert loaded.keys() == exported.keys()
+            assert all(torch.equal(loaded[key], exported[key]) for key in loaded)
+            untrained = zoo_agents[name].model.state_dict()
+            assert any(not torch.equal(loaded[key], untrained[key]) for key in loaded)  # the step moved weights
 
     (run_dir / "config.yaml").unlink()
     with pytest.raises(FileNotFoundError, match="no config.yaml"):
