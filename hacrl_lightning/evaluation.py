@@ -264,8 +264,9 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
                      adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c,
                      ) -> tuple[dict[str, Agent], dict[str, str]]:
     """Agents to evaluate, and where each came from. An entry is an exported agent dir or any
-    standalone HF dir, a run dir or `.ckpt` (all of the run's agents, with the checkpoint's
-    weights), or a hub id. `adjust` edits each AgentConfig (length and dtype overrides).
+    standalone HF dir, a run dir or `.ckpt` (all of the run's agents, with the newest checkpoint's
+    weights; a run dir without checkpoints gives its exports), or a hub id. `adjust` edits each
+    AgentConfig (length and dtype overrides).
 
     Tokenizers are not checked for lossless round trips here: evaluation never retokenizes.
     """
@@ -278,18 +279,28 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
                 key = _unique(name, agents)
                 agents[key], sources[key] = agent, f"checkpoint {path}"
             continue
-        if path.is_dir():
-            name, cfg = export_config(path)
-            name = name or path.name
-        elif path.exists() or entry.startswith(("/", "./", "../", "~")):
+        if path.is_dir() and (path / "config.json").exists():
+            directories = [path]
+        elif path.is_dir():
+            exports = path / "exports"
+            directories = sorted(p for p in exports.iterdir() if (p / "config.json").exists()) if exports.is_dir() else []
+        elif path.exists() or entry.startswith(("/", "./", "../", "~")) or entry.count("/") > 1:
             raise AgentLoadError(f"agents entry {entry!r} is neither an agent directory (config.json + weights), a run "
-                                 "directory with checkpoints nor a .ckpt file. Fix: give runs/<run>/exports/<agent>, "
-                                 "runs/<run> or a checkpoint path")
-        else:
-            name, cfg = entry.rstrip("/").split("/")[-1], AgentConfig(model=entry)
-        key = _unique(name.replace(".", "_"), agents)
-        agents[key] = Agent.load(key, adjust(cfg), zoo_cache=zoo_cache, check_texts=())
-        sources[key] = entry
+                                 "directory (checkpoints/ or exports/) nor a .ckpt file. Fix: give "
+                                 "runs/<run>/exports/<agent>, runs/<run> or a checkpoint path")
+        else:  # a hub id such as Qwen/Qwen3-4B-Base
+            key = _unique(entry.split("/")[-1].replace(".", "_"), agents)
+            agents[key] = Agent.load(key, adjust(AgentConfig(model=entry)), zoo_cache=zoo_cache, check_texts=())
+            sources[key] = entry
+            continue
+        if not directories:
+            raise AgentLoadError(f"agents entry {entry!r}: no config.json in it (and no exported agents in "
+                                 f"{path / 'exports'}). Fix: give a Hugging Face model directory or a run directory")
+        for directory in directories:
+            name, cfg = export_config(directory)
+            key = _unique((name or directory.name).replace(".", "_"), agents)
+            agents[key] = Agent.load(key, adjust(cfg), zoo_cache=zoo_cache, check_texts=())
+            sources[key] = str(directory)
     return agents, sources
 
 

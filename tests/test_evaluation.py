@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hacrl_lightning.agents.agent import AgentLoadError
 from hacrl_lightning.data.benchmarks import load_benchmark
 from hacrl_lightning.data.synthetic import synthetic_examples
 from hacrl_lightning.config import DataConfig
@@ -188,8 +189,14 @@ def test_exported_dirs_restore_their_settings(exports, zoo_agents):
     assert list(agents) == ["tiny_a", "tiny_a-2"]
     assert agents["tiny_a"].max_response_len == zoo_agents["tiny_a"].max_response_len
     assert sources["tiny_a"] == str(exports["tiny_a"])
-    with pytest.raises(Exception, match="neither an agent directory"):
-        load_eval_agents([str(exports["tiny_a"].parent / "no_such_agent")])
+    run_dir = exports["tiny_a"].parents[1]  # a run dir without checkpoints: its exports
+    agents, sources = load_eval_agents([str(run_dir)])
+    assert sources == {"tiny_a": str(exports["tiny_a"]), "tiny_b": str(exports["tiny_b"])}
+    for entry in (str(exports["tiny_a"].parent / "no_such_agent"), "runs/missing/exports/tiny_a"):
+        with pytest.raises(AgentLoadError, match="neither an agent directory"):
+            load_eval_agents([entry])
+    with pytest.raises(AgentLoadError, match="no config.json in it"):
+        load_eval_agents([str(exports["tiny_a"].parent)])
 
 
 # --- scripts/evaluate.py ------------------------------------------------------------------------
