@@ -282,8 +282,9 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
         if path.is_dir() and (path / "config.json").exists():
             directories = [path]
         elif path.is_dir():
-            exports = path / "exports"
-            directories = sorted(p for p in exports.iterdir() if (p / "config.json").exists()) if exports.is_dir() else []
+            exports = path / "exports"  # a run directory without checkpoints: its exported agents
+            found = exports.iterdir() if exports.is_dir() else ()
+            directories = sorted(p for p in found if (p / "config.json").exists())
         elif path.exists() or entry.startswith(("/", "./", "../", "~")) or entry.count("/") > 1:
             raise AgentLoadError(f"agents entry {entry!r} is neither an agent directory (config.json + weights), a run "
                                  "directory (checkpoints/ or exports/) nor a .ckpt file. Fix: give "
