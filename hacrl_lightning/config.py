@@ -501,6 +501,11 @@ def validate_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
         c.bad("pass_k", list(cfg.pass_k), f"each k in [1, samples={cfg.samples}]", f"raise samples or drop {bad_k}")
     if cfg.temperature is not None:
         c.positive("temperature", cfg.temperature, strict=False)
+        sampled = [b for b in cfg.benchmarks if b in BENCHMARKS and
+                   (cfg.samples if cfg.protocol == "custom" else BENCHMARKS[b].paper_samples) > 1]
+        if cfg.temperature == 0 and sampled:
+            c.bad("temperature", 0, f"> 0 where several answers per problem are drawn ({sampled})",
+                  "leave temperature=null (greedy for one answer, each agent's temperature for several)")
     for key in ("max_prompt_len", "max_response_len", "limit"):
         if getattr(cfg, key) is not None:
             c.positive(key, getattr(cfg, key))

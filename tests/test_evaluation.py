@@ -219,6 +219,13 @@ def test_evaluate_reports_every_config_problem_at_once(capsys):
         assert words in err, words
 
 
+def test_greedy_decoding_cannot_draw_several_answers(capsys):
+    status = _script().main(["agents=[x]", "benchmarks=[math500,aime2025]", "temperature=0", "reward=exact_match"])
+    assert status == 2
+    assert "temperature: got 0; allowed: > 0 where several answers per problem are drawn (['aime2025'])" in \
+        capsys.readouterr().err
+
+
 def test_evaluate_on_two_exported_agents_writes_table_and_files(exports, arithmetic_benchmark, tmp_path):
     out = tmp_path / "eval"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
