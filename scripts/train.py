@@ -6,7 +6,8 @@
     python scripts/train.py algorithm=gspo_x2                # a baseline
     python scripts/train.py --cfg job                        # print the composed config and exit
 
-Composes and validates the configuration (every problem reported at once, exit status 2), saves
+Composes and validates the configuration, files and tokenizers included, before any model is
+loaded (every problem reported at once, exit status 2; docs/reliability.md), saves
 the resolved config in the run directory, trains, exports each agent and prints a final table.
 """
 
@@ -22,6 +23,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from hacrl_lightning.agents.agent import AgentLoadError  # noqa: E402
 from hacrl_lightning.callbacks.checkpoint import latest_checkpoint, run_dir_of  # noqa: E402
 from hacrl_lightning.config import ConfigError  # noqa: E402
+from hacrl_lightning.module import NonFiniteError  # noqa: E402
 from hacrl_lightning.training import train  # noqa: E402
 from hydra_config import compose_config, parse_cli, save_resolved  # noqa: E402
 
@@ -29,7 +31,7 @@ from hydra_config import compose_config, parse_cli, save_resolved  # noqa: E402
 def main(argv: list[str]) -> int:
     overrides, show = parse_cli(argv)
     try:
-        cfg, dcfg = compose_config(overrides)
+        cfg, dcfg = compose_config(overrides, preflight=not show)  # files and tokenizers too, before any model
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -47,6 +49,9 @@ def main(argv: list[str]) -> int:
     except (AgentLoadError, FileNotFoundError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except NonFiniteError as err:  # a numerical fault, not a crash: the checkpoints are intact
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print_summary(summary)
     return 0
 
