@@ -46,7 +46,9 @@ def check_run(cfg: TrainConfig) -> TrainConfig:
 def preflight_problems(cfg: TrainConfig) -> List[Problem]:
     """The file-system and tokenizer problems of `cfg` (empty when it is fine). Loads no model weights."""
     problems = _data_file_problems(cfg.data)
-    prompts, answers = ([], []) if problems else _task_sample(cfg.data, problems)
+    task_problems: List[Problem] = []
+    prompts, answers = _task_sample(cfg.data, task_problems)
+    problems += [] if problems else task_problems  # a task that cannot load its missing file: said once
     for name, agent_cfg in cfg.agents.items():
         problems += _agent_problems(name, agent_cfg, prompts, answers, zoo_cache=cfg.zoo_cache)
     if cfg.resume:
