@@ -20,11 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from hacrl_lightning.agents.agent import AgentLoadError  # noqa: E402
-from hacrl_lightning.callbacks.checkpoint import latest_checkpoint, run_dir_of  # noqa: E402
 from hacrl_lightning.config import ConfigError  # noqa: E402
-from hacrl_lightning.module import NonFiniteError  # noqa: E402
-from hacrl_lightning.training import train  # noqa: E402
 from hydra_config import compose_config, parse_cli, save_resolved  # noqa: E402
 
 
@@ -38,6 +34,12 @@ def main(argv: list[str]) -> int:
     if show:
         print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
         return 0
+    # imported once the config is good, so a bad one is reported without loading Lightning and the models' code
+    from hacrl_lightning.agents.agent import AgentLoadError
+    from hacrl_lightning.callbacks.checkpoint import latest_checkpoint, run_dir_of
+    from hacrl_lightning.module import NonFiniteError
+    from hacrl_lightning.training import train
+
     if cfg.resume:  # continue in the run directory of the checkpoint
         cfg.run_dir = str(run_dir_of(latest_checkpoint(cfg.resume)))
     run_dir = Path(cfg.run_dir).resolve()
