@@ -248,7 +248,7 @@ class HACRLModule(pl.LightningModule):
                 for key, value in metrics.items():
                     collected[key].append(value)
             grad_norm = self._clip(agent)
-            if not bool(finite_loss & torch.isfinite(grad_norm)):  # one sync per mini-batch
+            if not self._finite_on_every_rank(finite_loss & torch.isfinite(grad_norm)):  # one sync per mini-batch
                 opt.zero_grad(set_to_none=True)  # skip: weights, optimizer state and LR schedule stay as they were
                 skipped.append(m)
                 continue
@@ -281,6 +281,12 @@ class HACRLModule(pl.LightningModule):
                 f"agent {name!r}: non-finite loss or gradient in {streak} steps in a row (last: step {step}), more "
                 f"than trainer.max_nonfinite_skips={limit}. Fix: lower agents.{name}.lr, check the data and "
                 f"agents.{name}.dtype (float16 overflows), then resume from the last checkpoint (resume=<run dir>)")
+
+    def _finite_on_every_rank(self, finite: torch.Tensor) -> bool:
+        """True when no rank saw a non-finite loss or gradient (all ranks then skip or step together)."""
+        if self.trainer.world_size > 1:
+            finite = self.all_gather(finite.float()).min() > 0
+        return bool(finite)
 
     def _clip(self, agent: Agent) -> torch.Tensor:
         """Per-agent gradient-norm clip (0 = off); returns the total norm before clipping."""

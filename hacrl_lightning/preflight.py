@@ -174,7 +174,8 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
     if lossy is not None:
         back = decode_text(tokenizer, encode_text(tokenizer, [lossy])[0])
         problems.append(Problem(tokenizer_key, source,
-                                "a lossless tokenizer: decode(encode(text)) == text on the task's texts (HACPO_SPEC §8)",
+                                "a lossless tokenizer: decode(encode(text)) == text on the task's texts "
+                                "(HACPO_SPEC §8)",
                                 f"decode(encode({lossy!r})) gives {back!r}; use a byte-level BPE or byte-fallback "
                                 f"tokenizer, not WordPiece: {key}.tokenizer=<hub id or dir>"))
     if problems or not prompts:
@@ -188,5 +189,6 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
     if answer_len > cfg.max_response_len:
         problems.append(Problem(f"{key}.max_response_len", cfg.max_response_len,
                                 f">= {answer_len} (the longest of {len(answers)} sampled answers, plus EOS)",
-                                f"set {key}.max_response_len={answer_len} or more; a shorter limit can never be rewarded"))
+                                f"set {key}.max_response_len={answer_len} or more; a shorter limit can never "
+                                "be rewarded"))
     return problems

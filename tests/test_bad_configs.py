@@ -17,6 +17,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from hacrl_lightning.agents import zoo
 from hacrl_lightning.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +27,10 @@ from hydra_config import compose_config  # noqa: E402
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, zoo_cache) -> dict[str, Path]:
-    """A lossy (WordPiece) tokenizer dir, an empty dir, a missing path, and the zoo cache in use."""
+    """A lossy (WordPiece) tokenizer dir, an empty dir, a missing path, and the zoo cache in use (with
+    tiny_a and tiny_b built, so that a cold cache's one-time build is not mistaken for a model load)."""
+    for name in ("tiny_a", "tiny_b"):
+        zoo.ensure_built(name, cache_dir=zoo_cache)
     root = tmp_path_factory.mktemp("bad_configs")
     vocab = {t: i for i, t in enumerate(["[UNK]", "[PAD]", "[SEP]", "\\", "boxed", "{", "}", "what", "is",
                                          "?", "+", *"0123456789"])}
@@ -121,7 +125,8 @@ def test_every_problem_of_every_kind_is_in_one_error(files, model_loads):
         "agents.tiny_b.tokenizer"]
     by_key = {p.key: p for p in error.problems}
     assert by_key["agents.tiny_a.max_prompt_len"].value == 8
-    assert "lossless" in by_key["agents.tiny_b.tokenizer"].allowed and "WordPiece" in by_key["agents.tiny_b.tokenizer"].fix
+    tokenizer = by_key["agents.tiny_b.tokenizer"]
+    assert "lossless" in tokenizer.allowed and "WordPiece" in tokenizer.fix
     assert model_loads == []
 
 
@@ -163,8 +168,9 @@ def test_script_reports_several_problems_in_one_message(files, tmp_path):
     result = run_train(overrides_for([
         "rollout.group_size=1", "algorithm.delta=1.5", "agents.tiny_b.tokenizer={lossy}",
         "data.train_files=[{missing}.jsonl]", "agents.tiny_a.max_prompt_len=8", f"run_dir={run}"], files), tmp_path)
-    assert_user_error(result, run, "5 configuration problem(s)", "rollout.group_size: got 1", "algorithm.delta: got 1.5",
-                      "agents.tiny_b.tokenizer", "data.train_files[0]", "agents.tiny_a.max_prompt_len: got 8")
+    assert_user_error(result, run, "5 configuration problem(s)", "rollout.group_size: got 1",
+                      "algorithm.delta: got 1.5", "agents.tiny_b.tokenizer", "data.train_files[0]",
+                      "agents.tiny_a.max_prompt_len: got 8")
     assert result.stderr.count("\n  - ") == 5
 
 

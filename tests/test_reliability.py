@@ -46,10 +46,6 @@ def config(run_dir: Path, zoo_cache: Path, *overrides: str):
     return cfg
 
 
-def clone_state(obj) -> object:
-    return copy.deepcopy({k: v for k, v in obj.items()}) if isinstance(obj, dict) else copy.deepcopy(obj)
-
-
 def same(a, b) -> bool:
     """Exact equality of nested dicts/lists of tensors and numbers."""
     if isinstance(a, torch.Tensor):
@@ -70,7 +66,7 @@ class Recorder(Callback):
 
     def _state(self, trainer, module):
         return {name: {"weights": {k: v.detach().clone() for k, v in module.agents[name].state_dict().items()},
-                       "optimizer": clone_state(trainer.optimizers[k].state_dict())}
+                       "optimizer": copy.deepcopy(trainer.optimizers[k].state_dict())}
                 for k, name in enumerate(module.names)}
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):

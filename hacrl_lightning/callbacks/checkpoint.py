@@ -78,7 +78,8 @@ def _crash_hook(partial: Path) -> None:
     match = CHECKPOINT_RE.match(partial.name.removesuffix(".partial"))
     if not wanted or not match or int(match.group(1)) != int(wanted):
         return
-    file = partial if partial.is_file() else max((p for p in partial.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    files = [partial] if partial.is_file() else [p for p in partial.rglob("*") if p.is_file()]
+    file = max(files, key=lambda p: p.stat().st_size)
     with open(file, "rb+") as handle:
         handle.truncate(file.stat().st_size // 2)
         os.fsync(handle.fileno())
