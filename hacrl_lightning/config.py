@@ -5,7 +5,7 @@ top-level `agents/` folder) with these dataclasses as the schema; only `scripts/
 `DictConfig`, everything in the package receives these typed values.
 
 Deliberately not here: Hydra itself (registration and composition live in `scripts/_hydra.py`),
-and anything that needs a model or a file to be loaded (those checks run where the thing is built).
+and anything that needs a file or a tokenizer to be loaded (`hacrl_lightning/preflight.py`).
 """
 
 from __future__ import annotations
@@ -177,7 +177,8 @@ class TrainerConfig:
     """Checkpoint every this many steps (0: only at the end)."""
     log_every: int = 1
     max_nonfinite_skips: int = 3
-    """Stop the run once an agent has skipped more updates than this for non-finite gradients."""
+    """Consecutive training steps in which an agent may skip updates for a non-finite loss or
+    gradient; one more such step in a row stops the run (0: stop at the first). See docs/reliability.md."""
     export_agents: bool = True
     """Export each agent as a standalone Hugging Face model dir at the end."""
 
@@ -285,18 +286,25 @@ class _Checks:
             self.bad(key, value, f"one of {list(options)}", f"set {key} to one of them")
 
 
+def config_problems(cfg: TrainConfig) -> List[Problem]:
+    """Every value and cross-field problem of `cfg` (empty when it is fine); pure, touches no file."""
+    c = _Checks()
+    for check in (_check_agents, _check_algorithm, _check_rollout, _check_data, _check_trainer):
+        check(c, cfg)
+    return c.problems
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check every cross-field rule and raise one `ConfigError` listing all problems; return cfg if fine.
 
     Unknown keys and wrong types are caught while composing (the dataclasses are Hydra's schema);
-    this covers values and relations between sections. Checks that need a model or a file on disk
-    (tokenizer round-trip, prompt lengths) run when the agents are loaded.
+    this covers values and relations between sections. Checks that need a file on disk or a
+    tokenizer (model dirs, data files, tokenizer round-trip, prompt lengths) are
+    `hacrl_lightning.preflight.check_run`, which reports them together with these.
     """
-    c = _Checks()
-    for check in (_check_agents, _check_algorithm, _check_rollout, _check_data, _check_trainer):
-        check(c, cfg)
-    if c.problems:
-        raise ConfigError(c.problems)
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
     return cfg
 
 
@@ -414,7 +422,7 @@ def _check_trainer(c: _Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.eval_samples", tr.eval_samples)
     c.positive("trainer.checkpoint_every", tr.checkpoint_every, strict=False)
     c.positive("trainer.log_every", tr.log_every)
-    c.positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips)
+    c.positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips, strict=False)
     if tr.mini_batch_prompts > 0 and cfg.data.prompts_per_step > 0:
         mini = tr.mini_batch_prompts
         if cfg.data.prompts_per_step % mini:

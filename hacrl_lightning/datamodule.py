@@ -66,7 +66,9 @@ class StepBatchSampler(Sampler[list[int]]):
             yield self.indices(step)
 
     def __len__(self) -> int:
-        return self.num_steps - self.start
+        # the whole run's length even when resuming at `start`: Lightning counts the batches already
+        # done (restored from the checkpoint) towards it, so `num_steps - start` would end the run early
+        return self.num_steps
 
 
 class ResumableLoader(DataLoader):

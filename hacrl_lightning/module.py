@@ -6,7 +6,9 @@ source's old log-probs (one forward pass over its own responses, shared by every
 for each learner its view of the responses, its advantages, and mini-batches ordered own-first
 with the mini-batch index m handed to the loss. Single-agent algorithms (grpo, gspo, gspo_x2) run
 the same loop with views that hold only the learner's own responses, so one run compares like
-with like. Deliberately not here: sampling and rewards (the DataModule), retokenization
+with like. A non-finite loss or gradient skips that learner's update, leaving its weights and
+optimizer state as they were, and the step's metrics count degenerate rollouts (docs/reliability.md).
+Deliberately not here: sampling and rewards (the DataModule), retokenization
 (`agents/exchange.py`), the math (`algorithms/`), and checkpoint/eval/sync policy (callbacks).
 """
 
@@ -26,6 +28,11 @@ from hacrl_lightning.agents.exchange import AgentView, view_for
 from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, select_cross_samples, step_accuracy
 from hacrl_lightning.config import TrainConfig, parse_cross_samples
 from hacrl_lightning.datamodule import StepRollouts, step_seed
+
+
+class NonFiniteError(RuntimeError):
+    """An agent kept producing non-finite losses or gradients for more steps in a row than
+    `trainer.max_nonfinite_skips` allows; its weights and optimizer state are those of its last good update."""
 
 
 def _detach_mean(values: list[torch.Tensor]) -> float:
@@ -51,6 +58,8 @@ class HACRLModule(pl.LightningModule):
         self.steps_done = 0
         self.counters = {name: {"rollouts_generated": 0, "responses_trained": 0, "optimizer_updates": 0,
                                 "skipped_updates": 0} for name in self.names}
+        self.fault_streak = {name: 0 for name in self.names}
+        """Consecutive steps in which an agent skipped an update for a non-finite loss or gradient."""
         self.last_metrics: dict[str, float] = {}
 
     # -- optimizers -----------------------------------------------------------------------------
@@ -146,6 +155,7 @@ class HACRLModule(pl.LightningModule):
         # 7. weight sync runs in WeightSyncCallback; metrics
         self.steps_done += 1
         metrics.update(self._rollout_metrics(rolled, acc, omega))
+        metrics.update(self._view_metrics(views))
         metrics.update({"time/rollout": rolled.timings["rollout"], "time/reward": rolled.timings["reward"],
                         "time/exchange": exchange_s, "time/old_logprobs": old_s, "time/update": update_s})
         self.last_metrics = metrics
@@ -210,9 +220,10 @@ class HACRLModule(pl.LightningModule):
         advantages = adv_k[view.prompt_idx, view.source_idx, view.sample_idx]              # [B]
         omega_factor = omega[view.source_idx, k]                                            # [B]  omega[j, k]
         collected = defaultdict(list)
-        grad_norms = []
+        grad_norms, skipped = [], []
         for m, mini in enumerate(order.split(self.mini_batch_samples())):
             opt.zero_grad(set_to_none=True)
+            finite_loss = torch.ones((), dtype=torch.bool, device=self.device)
             total_tokens = view.loss_mask[mini].sum().clamp(min=1)
             total_seqs = torch.tensor(float(len(mini)))
             lower = self.cross_clip_bounds[m] if self.cross_clip_bounds and m < len(self.cross_clip_bounds) else None
@@ -233,31 +244,49 @@ class HACRLModule(pl.LightningModule):
                     loss_scale_factor=float(agent.cfg.max_response_len),
                 )
                 self.manual_backward(loss)
+                finite_loss &= torch.isfinite(loss.detach())
                 for key, value in metrics.items():
                     collected[key].append(value)
             grad_norm = self._clip(agent)
-            if not torch.isfinite(grad_norm):  # skip the update: weights and optimizer state stay as they were
-                opt.zero_grad(set_to_none=True)
-                self._nonfinite(name, step, m)
+            if not self._finite_on_every_rank(finite_loss & torch.isfinite(grad_norm)):  # one sync per mini-batch
+                opt.zero_grad(set_to_none=True)  # skip: weights, optimizer state and LR schedule stay as they were
+                skipped.append(m)
                 continue
             grad_norms.append(grad_norm)
             opt.step()
             sched.step()
             self.counters[name]["optimizer_updates"] += 1
         self.counters[name]["responses_trained"] += len(order)
+        self._count_faults(name, step, skipped)
         out = {f"{name}/{key}": _detach_mean(values) for key, values in collected.items()}
         out[f"{name}/grad_norm"] = _detach_mean(grad_norms)
         out[f"{name}/updates"] = float(len(grad_norms))
+        out[f"{name}/skipped_updates"] = float(len(skipped))
+        out[f"{name}/degenerate/zero_adv_frac"] = float((advantages[order] == 0).float().mean()) if len(order) else 0.0
         return out
 
-    def _nonfinite(self, name: str, step: int, m: int) -> None:
-        skipped = self.counters[name]["skipped_updates"] = self.counters[name]["skipped_updates"] + 1
-        rank_zero_warn(f"agent {name!r}: non-finite gradient at step {step}, mini-batch {m}; update skipped "
-                       f"({skipped} so far)")
-        if skipped > self.cfg.trainer.max_nonfinite_skips:
-            raise RuntimeError(f"agent {name!r}: {skipped} updates skipped for non-finite gradients (more than "
-                               f"trainer.max_nonfinite_skips={self.cfg.trainer.max_nonfinite_skips}); lower "
-                               f"agents.{name}.lr or check the data, then resume from the last checkpoint")
+    def _count_faults(self, name: str, step: int, skipped: list[int]) -> None:
+        """Warn about this step's skipped updates of `name`; stop the run after too many faulty steps in a row."""
+        if not skipped:
+            self.fault_streak[name] = 0
+            return
+        self.counters[name]["skipped_updates"] += len(skipped)
+        streak = self.fault_streak[name] = self.fault_streak[name] + 1
+        limit = self.cfg.trainer.max_nonfinite_skips
+        rank_zero_warn(f"agent {name!r}: non-finite loss or gradient at step {step} (mini-batches {skipped}); "
+                       f"those updates were skipped, its weights and optimizer state are unchanged "
+                       f"({streak} faulty step(s) in a row; trainer.max_nonfinite_skips={limit})")
+        if streak > limit:
+            raise NonFiniteError(
+                f"agent {name!r}: non-finite loss or gradient in {streak} steps in a row (last: step {step}), more "
+                f"than trainer.max_nonfinite_skips={limit}. Fix: lower agents.{name}.lr, check the data and "
+                f"agents.{name}.dtype (float16 overflows), then resume from the last checkpoint (resume=<run dir>)")
+
+    def _finite_on_every_rank(self, finite: torch.Tensor) -> bool:
+        """True when no rank saw a non-finite loss or gradient (all ranks then skip or step together)."""
+        if self.trainer.world_size > 1:
+            finite = self.all_gather(finite.float()).min() > 0
+        return bool(finite)
 
     def _clip(self, agent: Agent) -> torch.Tensor:
         """Per-agent gradient-norm clip (0 = off); returns the total norm before clipping."""
@@ -283,6 +312,7 @@ class HACRLModule(pl.LightningModule):
             metrics[f"{name}/acc"] = float(acc[j])
             metrics[f"{name}/resp_len"] = sum(lengths) / max(1, len(lengths))
             metrics[f"{name}/truncated_frac"] = sum(truncated) / max(1, len(truncated))
+            metrics[f"{name}/degenerate/empty_frac"] = sum(not r.response for r in own) / max(1, len(own))
             for i, partner in enumerate(self.names):
                 if i != j and self.alg.share_rollouts:
                     metrics[f"{name}/omega/{partner}"] = float(omega[i, j])  # factor on learner j's cross term from i
@@ -292,10 +322,21 @@ class HACRLModule(pl.LightningModule):
         metrics["rollout/equal_reward_frac"] = float((joint == joint[:, :1]).all(-1).float().mean())  # A = 0 there
         return metrics
 
+    @staticmethod
+    def _view_metrics(views: dict[str, AgentView]) -> dict[str, float]:
+        """What each learner's view had to cut or could not represent (counts of rows, this step)."""
+        metrics = {}
+        for name, view in views.items():
+            metrics[f"{name}/degenerate/prompt_truncated"] = float(view.prompt_truncated.sum())
+            metrics[f"{name}/degenerate/response_truncated"] = float(view.response_truncated.sum())
+            metrics[f"{name}/degenerate/unrepresentable"] = float(view.unrepresentable.sum())
+        return metrics
+
     # -- checkpoint extras ------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["hacrl"] = {"steps_done": self.steps_done, "counters": self.counters, "agents": self.names}
+        checkpoint["hacrl"] = {"steps_done": self.steps_done, "counters": self.counters, "agents": self.names,
+                               "fault_streak": self.fault_streak}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["hacrl"]
@@ -303,6 +344,7 @@ class HACRLModule(pl.LightningModule):
             raise ValueError(f"checkpoint agents {state['agents']} != this run's {self.names}; resume with the same agents")
         self.steps_done = state["steps_done"]
         self.counters = state["counters"]
+        self.fault_streak = state.get("fault_streak", {name: 0 for name in self.names})
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:

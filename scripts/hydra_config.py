@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hacrl_lightning.config import UNKNOWN_KEY, AgentConfig, ConfigError, Problem, TrainConfig, suggest, validate
+from hacrl_lightning.preflight import check_run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -146,19 +147,22 @@ def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
         raise ConfigError([_problem_from_exception(err)]) from None
 
 
-def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """DictConfig -> validated TrainConfig (resolving interpolations such as ${now:...})."""
+def to_train_config(cfg: DictConfig, *, preflight: bool = False) -> TrainConfig:
+    """DictConfig -> validated TrainConfig (resolving interpolations such as ${now:...}).
+
+    `preflight`: also check files and tokenizers (`hacrl_lightning.preflight.check_run`), all
+    problems in one error; what `scripts/train.py` does before any model is loaded."""
     try:
         typed = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         raise ConfigError([_problem_from_exception(err)]) from None
-    return validate(typed)
+    return check_run(typed) if preflight else validate(typed)
 
 
-def compose_config(overrides: Sequence[str] = ()) -> tuple[TrainConfig, DictConfig]:
+def compose_config(overrides: Sequence[str] = (), *, preflight: bool = False) -> tuple[TrainConfig, DictConfig]:
     """Overrides -> (validated TrainConfig, the DictConfig it came from, for saving)."""
     dcfg = compose_dictconfig(overrides)
-    return to_train_config(dcfg), dcfg
+    return to_train_config(dcfg, preflight=preflight), dcfg
 
 
 def save_resolved(dcfg: DictConfig, run_dir: Path, name: str = "config.yaml") -> Path:

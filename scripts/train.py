@@ -6,7 +6,8 @@
     python scripts/train.py algorithm=gspo_x2                # a baseline
     python scripts/train.py --cfg job                        # print the composed config and exit
 
-Composes and validates the configuration (every problem reported at once, exit status 2), saves
+Composes and validates the configuration, files and tokenizers included, before any model is
+loaded (every problem reported at once, exit status 2; docs/reliability.md), saves
 the resolved config in the run directory, trains, exports each agent and prints a final table.
 """
 
@@ -19,23 +20,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from hacrl_lightning.agents.agent import AgentLoadError  # noqa: E402
-from hacrl_lightning.callbacks.checkpoint import latest_checkpoint, run_dir_of  # noqa: E402
 from hacrl_lightning.config import ConfigError  # noqa: E402
-from hacrl_lightning.training import train  # noqa: E402
 from hydra_config import compose_config, parse_cli, save_resolved  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     overrides, show = parse_cli(argv)
     try:
-        cfg, dcfg = compose_config(overrides)
+        cfg, dcfg = compose_config(overrides, preflight=not show)  # files and tokenizers too, before any model
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if show:
         print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
         return 0
+    # imported once the config is good, so a bad one is reported without loading Lightning and the models' code
+    from hacrl_lightning.agents.agent import AgentLoadError
+    from hacrl_lightning.callbacks.checkpoint import latest_checkpoint, run_dir_of
+    from hacrl_lightning.module import NonFiniteError
+    from hacrl_lightning.training import train
+
     if cfg.resume:  # continue in the run directory of the checkpoint
         cfg.run_dir = str(run_dir_of(latest_checkpoint(cfg.resume)))
     run_dir = Path(cfg.run_dir).resolve()
@@ -47,6 +51,9 @@ def main(argv: list[str]) -> int:
     except (AgentLoadError, FileNotFoundError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except NonFiniteError as err:  # a numerical fault, not a crash: the checkpoints are intact
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print_summary(summary)
     return 0
 

@@ -196,12 +196,7 @@ class Agent(nn.Module):
 
     def render_prompts(self, texts: Sequence[str]) -> list[str]:
         """Each question in this agent's chat template (system prompt, template kwargs, generation prompt)."""
-        system = [{"role": "system", "content": self.cfg.system_prompt}] if self.cfg.system_prompt else []
-        conversations = [system + [{"role": "user", "content": text}] for text in texts]
-        if not conversations:
-            return []
-        return self.tokenizer.apply_chat_template(
-            conversations, tokenize=False, add_generation_prompt=True, **self.cfg.chat_template_kwargs)
+        return render_chat_prompts(self.tokenizer, self.cfg, texts)
 
     def encode_prompts(self, texts: Sequence[str], *, truncate: bool = True) -> list[list[int]]:
         """Chat-templated prompt ids (one batched tokenizer call), left-truncated to `max_prompt_len`."""
@@ -272,6 +267,17 @@ class Agent(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, model={self.cfg.model!r}, vocab={len(self.tokenizer)}"
+
+
+def render_chat_prompts(tokenizer: PreTrainedTokenizerBase, cfg: AgentConfig, texts: Sequence[str]) -> list[str]:
+    """Each question in the chat template of `tokenizer` as `cfg` sets it up (system prompt, template
+    kwargs, generation prompt); shared by `Agent.render_prompts` and the preflight (no model needed)."""
+    system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    conversations = [system + [{"role": "user", "content": text}] for text in texts]
+    if not conversations:
+        return []
+    return tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True,
+                                         **cfg.chat_template_kwargs)
 
 
 def _full_state_dict(model: nn.Module) -> tuple[dict | None, bool]:

@@ -9,7 +9,9 @@ the learner's token space, exactly as HACPO_SPEC §8 says:
 - the learner's own responses in their original token ids;
 - a partner's response re-encoded from its text with `add_special_tokens=False`, plus the
   learner's EOS when the source finished (`stop`), never when it was cut (`length`);
-- responses right-truncated to the learner's `max_response_len`; every truncation is marked;
+- responses right-truncated to the learner's `max_response_len`; every truncation is marked, and so
+  is a partner's text that the learner's tokenizer cannot give back exactly (`unrepresentable`: e.g.
+  the literal text of one of the learner's special tokens); such a row is still trained on;
 - `loss_mask` (True = a response token that is trained on) covers exactly the response tokens,
   an appended EOS included; rows are right-padded.
 
@@ -119,6 +121,7 @@ class AgentView:
     response_len: torch.Tensor      # [B] long, response tokens kept (= loss_mask.sum(-1))
     prompt_truncated: torch.Tensor  # [B] bool, the prompt lost tokens on the left
     response_truncated: torch.Tensor  # [B] bool, the response lost tokens on the right (an EOS counts)
+    unrepresentable: torch.Tensor   # [B] bool, a partner's text that the learner's tokenizer does not give back
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -164,6 +167,9 @@ def view_for(learner: Agent, rollouts: Sequence[Rollout], *, sources: Sequence[s
     prompt_tokens = dict(zip(texts, learner.encode_prompts(texts, truncate=False)))
     partners = [i for i, r in enumerate(rollouts) if r.source != learner.name]
     encoded = dict(zip(partners, learner.encode_response([rollouts[i].response for i in partners])))
+    decoded = learner.tokenizer.batch_decode([encoded[i] for i in partners], skip_special_tokens=True,
+                                             clean_up_tokenization_spaces=False) if partners else []
+    unrepresentable = {i for i, text in zip(partners, decoded) if text != rollouts[i].response}
 
     rows, counters = [], {}
     for i, r in enumerate(rollouts):
@@ -177,10 +183,10 @@ def view_for(learner: Agent, rollouts: Sequence[Rollout], *, sources: Sequence[s
         group = (r.prompt_id, r.source)
         counters[group] = counters.get(group, -1) + 1
         rows.append((prompt, kept, len(full_prompt) > len(prompt), len(response) > len(kept), counters[group]))
-    return _pad(learner, rollouts, rows, source_of, prompt_of)
+    return _pad(learner, rollouts, rows, source_of, prompt_of, unrepresentable)
 
 
-def _pad(learner: Agent, rollouts: Sequence[Rollout], rows, source_of, prompt_of) -> AgentView:
+def _pad(learner: Agent, rollouts: Sequence[Rollout], rows, source_of, prompt_of, unrepresentable) -> AgentView:
     """Right-pad the (prompt, response) rows into an `AgentView`."""
     width = max((len(p) + len(r) for p, r, *_ in rows), default=0)
     ids, attention, loss = [], [], []
@@ -213,4 +219,5 @@ def _pad(learner: Agent, rollouts: Sequence[Rollout], rows, source_of, prompt_of
         response_len=column((len(row[1]) for row in rows), torch.long),
         prompt_truncated=column((row[2] for row in rows), torch.bool),
         response_truncated=column((row[3] for row in rows), torch.bool),
+        unrepresentable=column((i in unrepresentable for i in range(len(rows))), torch.bool),
     )

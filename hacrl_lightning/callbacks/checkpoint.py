@@ -2,9 +2,15 @@
 
 A checkpoint is Lightning's full training state (every agent, every optimizer and LR schedule,
 callback states such as the capability window, the data position, loop counters). It is written
-to `step_XXXXXXX.ckpt.partial` and renamed to `step_XXXXXXX.ckpt` only when complete, so a
-process killed mid-write leaves the previous checkpoints untouched and `latest_checkpoint` never
-returns a partial one. Budgets count training steps, not Lightning's `global_step`.
+to `step_XXXXXXX.ckpt.partial`, flushed to disk (fsync), and renamed to `step_XXXXXXX.ckpt` only
+when complete (then the directory entry is fsynced too), so a process killed mid-write leaves the
+previous checkpoints untouched and `latest_checkpoint` never returns a partial one; a stale
+`.partial` is removed by the next save of that step. Budgets count training steps, not
+Lightning's `global_step`.
+
+Test hook: with `HACRL_CRASH_IN_CHECKPOINT=<step>` in the environment, the process cuts the temporary
+file of that step's checkpoint to half its size and kills itself with SIGKILL, before the rename:
+a deterministic "killed in the middle of writing" (tests/test_reliability.py).
 """
 
 from __future__ import annotations
@@ -12,11 +18,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 from pathlib import Path
 
 from lightning.pytorch import Callback
 
 CHECKPOINT_RE = re.compile(r"^step_(\d+)\.ckpt$")
+CRASH_ENV = "HACRL_CRASH_IN_CHECKPOINT"
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -32,11 +40,50 @@ def save_atomically(trainer, path: Path) -> Path:
     trainer.save_checkpoint(str(partial))
     trainer.strategy.barrier()
     if trainer.is_global_zero:
+        _fsync_tree(partial)
+        _crash_hook(partial)
         if path.exists():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         os.replace(partial, path)
+        _fsync_dir(path.parent)
     trainer.strategy.barrier()
     return path
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flush a checkpoint file, or every file of a distributed checkpoint directory, to disk."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        with open(file, "rb+") as handle:
+            os.fsync(handle.fileno())
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _crash_hook(partial: Path) -> None:
+    """Test hook (`HACRL_CRASH_IN_CHECKPOINT=<step>`): half-write this step's temporary file, then SIGKILL."""
+    wanted = os.environ.get(CRASH_ENV)
+    match = CHECKPOINT_RE.match(partial.name.removesuffix(".partial"))
+    if not wanted or not match or int(match.group(1)) != int(wanted):
+        return
+    files = [partial] if partial.is_file() else [p for p in partial.rglob("*") if p.is_file()]
+    file = max(files, key=lambda p: p.stat().st_size)
+    with open(file, "rb+") as handle:
+        handle.truncate(file.stat().st_size // 2)
+        os.fsync(handle.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def latest_checkpoint(location: str | os.PathLike) -> Path:

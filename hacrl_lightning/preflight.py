@@ -1,0 +1,194 @@
+"""Preflight: the configuration checks that need the file system or a tokenizer, before any model loads.
+
+`check_run(cfg)` is what `scripts/train.py` runs after composing: the pure checks of
+`config.validate` plus the ones below, reported together in ONE `ConfigError` (key, value, what is
+allowed, how to fix it), so a typo costs seconds, not a model load. Here:
+
+- a local model or tokenizer directory that does not exist or holds no `config.json`; an unknown
+  `zoo:` preset;
+- a local data file (`data.train_files`, `data.eval_files`) that does not exist; a `resume` that
+  holds no complete checkpoint;
+- each agent's tokenizer (cheap to load; a `zoo:` preset is built once and cached): it must have a
+  chat template and an EOS token, round-trip the task's texts exactly (HACPO_SPEC §8), fit the
+  longest sampled task prompt, in its own chat template, in `max_prompt_len`, and fit the longest
+  sampled answer (plus EOS) in `max_response_len`.
+
+A hub id that is not in the local Hugging Face cache is left to `Agent.load` (it probes the hub and
+says what to do). Deliberately not here: model weights (never loaded), and prompts beyond the
+sample: a rare longer prompt is left-truncated at run time and counted in the
+`<agent>/degenerate/prompt_truncated` metric (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+from hacrl_lightning.config import AgentConfig, ConfigError, DataConfig, Problem, TrainConfig, config_problems
+
+SAMPLE_PROMPTS = 64
+"""Task examples per split whose prompt and answer lengths are checked against each agent's limits."""
+DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".txt", ".arrow")
+"""A data entry ending in one of these (or starting like a path) is a local file that must exist."""
+
+
+def check_run(cfg: TrainConfig) -> TrainConfig:
+    """Raise one `ConfigError` with every problem of `cfg` (pure checks and preflight); return cfg if fine."""
+    problems = config_problems(cfg)
+    seen = {p.key for p in problems}
+    problems += [p for p in preflight_problems(cfg) if p.key not in seen]
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def preflight_problems(cfg: TrainConfig) -> List[Problem]:
+    """The file-system and tokenizer problems of `cfg` (empty when it is fine). Loads no model weights."""
+    problems = _data_file_problems(cfg.data)
+    task_problems: List[Problem] = []
+    prompts, answers = _task_sample(cfg.data, task_problems)
+    problems += [] if problems else task_problems  # a task that cannot load its missing file: said once
+    for name, agent_cfg in cfg.agents.items():
+        problems += _agent_problems(name, agent_cfg, prompts, answers, zoo_cache=cfg.zoo_cache)
+    if cfg.resume:
+        from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
+
+        try:
+            latest_checkpoint(cfg.resume)
+        except FileNotFoundError as err:
+            problems.append(Problem("resume", cfg.resume, "a .ckpt file, or a run dir holding a complete step_*.ckpt",
+                                    str(err).split(": ", 1)[-1]))
+    return problems
+
+
+def _looks_local(entry: str) -> bool:
+    return entry.startswith(("/", "./", "../", "~")) or entry.lower().endswith(DATA_SUFFIXES)
+
+
+def _data_file_problems(data: DataConfig) -> List[Problem]:
+    problems = []
+    for key in ("train_files", "eval_files"):
+        for i, entry in enumerate(getattr(data, key)):
+            entry = str(entry)
+            if _looks_local(entry) and not Path(entry).expanduser().is_file():
+                problems.append(Problem(f"data.{key}[{i}]", entry, "an existing local file (or a hub dataset id)",
+                                        f"check the path (relative paths start from {os.getcwd()})"))
+    return problems
+
+
+def _task_sample(data: DataConfig, problems: List[Problem]) -> tuple[list[str], list[str]]:
+    """Up to SAMPLE_PROMPTS prompts and boxed answers of each split; a task that fails to load is a problem."""
+    from hacrl_lightning.data.synthetic import format_answer
+    from hacrl_lightning.data.tasks import load_task, task_names
+
+    if data.name not in task_names():
+        return [], []  # config_problems reports it
+    try:
+        splits = load_task(data)
+    except (KeyError, ValueError, OSError) as err:
+        message = err.args[0] if err.args else type(err).__name__
+        problems.append(Problem("data", data.name, "a task that loads", str(message)))
+        return [], []
+    examples = [ex for split in splits for ex in list(split)[:SAMPLE_PROMPTS]]
+    return [ex.prompt for ex in examples], [format_answer(ex.gold) for ex in examples]
+
+
+def _local_dir_problem(key: str, source: str, *, need_config: bool) -> Optional[Problem]:
+    from hacrl_lightning.agents.agent import _looks_like_path
+
+    if not _looks_like_path(source):
+        return None
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        return Problem(key, source, "an existing directory (or a hub id, or zoo:<preset>)",
+                       "point it at a directory written by `huggingface-cli download` or Agent.export")
+    if need_config and not (path / "config.json").is_file():
+        return Problem(key, source, "a model directory holding config.json and the weights",
+                       "point it at the model's directory, not at a parent or a tokenizer-only one")
+    return None
+
+
+def _resolve(name: str, key: str, source: str, zoo_cache: Any, problems: List[Problem]) -> Optional[str]:
+    """`zoo:<preset>` -> its cached directory (built once if needed); an unknown preset is a problem."""
+    from hacrl_lightning.agents.agent import AgentLoadError, resolve_source
+
+    try:
+        return resolve_source(name, source, key=key, zoo_cache=zoo_cache)
+    except AgentLoadError as err:
+        from hacrl_lightning.agents.zoo import PRESETS
+
+        problems.append(Problem(key, source, f"zoo:<preset> with a preset of {sorted(PRESETS)}", str(err)))
+        return None
+
+
+def _load_tokenizer(source: str, cfg: AgentConfig):
+    """The tokenizer from a local dir or the local HF cache; None for a hub id that is not cached."""
+    from transformers import AutoTokenizer
+
+    from hacrl_lightning.agents.agent import _looks_like_path
+
+    kwargs = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    if not _looks_like_path(source):
+        kwargs["local_files_only"] = True
+    try:
+        return AutoTokenizer.from_pretrained(os.path.expanduser(source), **kwargs)
+    except OSError:
+        return None  # not cached: Agent.load probes the hub and words the fix
+
+
+def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers: Sequence[str], *,
+                    zoo_cache: Any) -> List[Problem]:
+    key = f"agents.{name}"
+    problems: List[Problem] = []
+    model = _resolve(name, f"{key}.model", cfg.model, zoo_cache, problems)
+    tokenizer_key = f"{key}.tokenizer" if cfg.tokenizer else f"{key}.model"
+    source = model if cfg.tokenizer is None else _resolve(name, tokenizer_key, cfg.tokenizer, zoo_cache, problems)
+    for k, s, need_config in ((f"{key}.model", model, True), (tokenizer_key, source, False)):
+        problem = s and _local_dir_problem(k, s, need_config=need_config)
+        if problem and all(p.key != k for p in problems):
+            problems.append(problem)
+    if problems or source is None:
+        return problems
+    tokenizer = _load_tokenizer(source, cfg)
+    if tokenizer is None:
+        return problems
+    return _tokenizer_problems(key, tokenizer_key, source, tokenizer, cfg, prompts, answers)
+
+
+def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cfg: AgentConfig,
+                        prompts: Sequence[str], answers: Sequence[str]) -> List[Problem]:
+    from hacrl_lightning.agents.agent import render_chat_prompts
+    from hacrl_lightning.agents.tokenizers import decode_text, encode_text
+
+    problems: List[Problem] = []
+    if cfg.chat_template:
+        tokenizer.chat_template = cfg.chat_template
+    if not tokenizer.chat_template:
+        problems.append(Problem(f"{key}.chat_template", None, "a Jinja chat template over `messages`",
+                                f"the tokenizer of {source!r} has none: set {key}.chat_template"))
+    if tokenizer.eos_token_id is None:
+        problems.append(Problem(tokenizer_key, source, "a tokenizer with an eos_token", f"set {key}.tokenizer"))
+    texts = [*prompts, *answers]
+    lossy = next((t for t, ids in zip(texts, encode_text(tokenizer, texts)) if decode_text(tokenizer, ids) != t), None)
+    if lossy is not None:
+        back = decode_text(tokenizer, encode_text(tokenizer, [lossy])[0])
+        problems.append(Problem(tokenizer_key, source,
+                                "a lossless tokenizer: decode(encode(text)) == text on the task's texts "
+                                "(HACPO_SPEC §8)",
+                                f"decode(encode({lossy!r})) gives {back!r}; use a byte-level BPE or byte-fallback "
+                                f"tokenizer, not WordPiece: {key}.tokenizer=<hub id or dir>"))
+    if problems or not prompts:
+        return problems
+    prompt_len = max(len(ids) for ids in encode_text(tokenizer, render_chat_prompts(tokenizer, cfg, prompts)))
+    if prompt_len > cfg.max_prompt_len:
+        problems.append(Problem(f"{key}.max_prompt_len", cfg.max_prompt_len,
+                                f">= {prompt_len} (the longest of {len(prompts)} sampled task prompts in this "
+                                "agent's chat template)", f"set {key}.max_prompt_len={prompt_len} or more"))
+    answer_len = 1 + max(len(ids) for ids in encode_text(tokenizer, answers))  # + EOS
+    if answer_len > cfg.max_response_len:
+        problems.append(Problem(f"{key}.max_response_len", cfg.max_response_len,
+                                f">= {answer_len} (the longest of {len(answers)} sampled answers, plus EOS)",
+                                f"set {key}.max_response_len={answer_len} or more; a shorter limit can never "
+                                "be rewarded"))
+    return problems

@@ -1,0 +1,180 @@
+"""Bad configurations fail before any model is loaded, with ONE message listing every problem.
+
+Most cases go in-process through the path `scripts/train.py` takes (`compose_config(...,
+preflight=True)`: compose, validate, then the file/tokenizer preflight); a few run the real script
+as a subprocess and check the exit status, the message on stderr and that no traceback is shown.
+Every in-process case also checks that no model weights were loaded (`from_pretrained` of a causal
+LM is watched, not replaced).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from hacrl_lightning.agents import zoo
+from hacrl_lightning.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from hydra_config import compose_config  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, zoo_cache) -> dict[str, Path]:
+    """A lossy (WordPiece) tokenizer dir, an empty dir, a missing path, and the zoo cache in use (with
+    tiny_a and tiny_b built, so that a cold cache's one-time build is not mistaken for a model load)."""
+    for name in ("tiny_a", "tiny_b"):
+        zoo.ensure_built(name, cache_dir=zoo_cache)
+    root = tmp_path_factory.mktemp("bad_configs")
+    vocab = {t: i for i, t in enumerate(["[UNK]", "[PAD]", "[SEP]", "\\", "boxed", "{", "}", "what", "is",
+                                         "?", "+", *"0123456789"])}
+    raw = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    raw.decoder = decoders.WordPiece()
+    wordpiece = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]",
+                                        chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    wordpiece.save_pretrained(root / "wordpiece")
+    (root / "empty").mkdir()
+    return {"lossy": root / "wordpiece", "empty": root / "empty", "missing": root / "no_such_model",
+            "run": root / "run_without_checkpoints", "zoo": zoo_cache}
+
+
+@pytest.fixture
+def model_loads(monkeypatch) -> list:
+    """Every causal-LM `from_pretrained` call made during the test (the real one still runs)."""
+    calls = []
+    real = AutoModelForCausalLM.from_pretrained.__func__
+
+    def watched(cls, *args, **kwargs):
+        calls.append(args)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(watched))
+    return calls
+
+
+# (case id, overrides (with {placeholders} from `files`), the key that must be reported)
+CASES = [
+    ("unknown_agent", ["agents=[tiny_a,tiny_zz]"], "agents"),
+    ("duplicate_agent_keys", ["agents=[tiny_a,tiny_a]"], "agents"),
+    ("group_size_below_2", ["rollout.group_size=1"], "rollout.group_size"),
+    ("mini_batch_not_dividing_batch", ["data.prompts_per_step=6", "trainer.mini_batch_prompts=4"],
+     "trainer.mini_batch_prompts"),
+    ("delta_above_1", ["algorithm.delta=1.5"], "algorithm.delta"),
+    ("delta_below_0", ["algorithm.delta=-0.1"], "algorithm.delta"),
+    ("alpha_negative", ["algorithm.alpha=-0.5"], "algorithm.alpha"),
+    ("negative_lr", ["agents.tiny_b.lr=-1e-4"], "agents.tiny_b.lr"),
+    ("window_k_zero", ["algorithm.capability_window=0"], "algorithm.capability_window"),
+    ("collaborative_with_one_agent", ["agents=[tiny_a]", "algorithm=hacpo"], "agents"),
+    ("max_prompt_len_too_small", ["agents.tiny_a.max_prompt_len=8"], "agents.tiny_a.max_prompt_len"),
+    ("max_response_len_too_small", ["agents.tiny_b.max_response_len=2"], "agents.tiny_b.max_response_len"),
+    ("missing_local_model_dir", ["agents.tiny_a.model={missing}"], "agents.tiny_a.model"),
+    ("model_dir_without_config", ["agents.tiny_a.model={empty}"], "agents.tiny_a.model"),
+    ("unknown_zoo_preset", ["agents.tiny_a.model=zoo:tiny_zz"], "agents.tiny_a.model"),
+    ("lossy_tokenizer", ["agents.tiny_b.tokenizer={lossy}"], "agents.tiny_b.tokenizer"),
+    ("unknown_reward", ["data.reward=exakt"], "data.reward"),
+    ("unknown_task", ["data.name=gsm9k"], "data.name"),
+    ("unknown_data_file", ["data.train_files=[{missing}.jsonl]"], "data.train_files[0]"),
+    ("unknown_key", ["trainer.stepz=3"], "trainer.stepz"),
+    ("wrong_type", ["trainer.steps=many"], "trainer.steps"),
+    ("unknown_algorithm", ["algorithm=hacpoo"], "algorithm"),
+    ("negative_fault_budget", ["trainer.max_nonfinite_skips=-1"], "trainer.max_nonfinite_skips"),
+    ("resume_without_checkpoint", ["resume={run}"], "resume"),
+]
+
+
+def overrides_for(overrides: list[str], files: dict[str, Path]) -> list[str]:
+    return [o.format(**files) for o in overrides] + [f"zoo_cache={files['zoo']}"]
+
+
+def problems_of(overrides: list[str]):
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides, preflight=True)
+    return info.value
+
+
+@pytest.mark.parametrize("overrides, key", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_config_fails_before_any_model_with_key_value_allowed_and_fix(overrides, key, files, model_loads):
+    error = problems_of(overrides_for(overrides, files))
+    keys = [p.key for p in error.problems]
+    assert key in keys, str(error)
+    for problem in error.problems:
+        assert problem.allowed and problem.fix and str(problem).startswith(f"{problem.key}: got ")
+    assert str(error).splitlines()[0] == f"{len(error.problems)} configuration problem(s):"
+    assert model_loads == []
+
+
+def test_the_good_default_passes_the_preflight(files, model_loads):
+    cfg, _ = compose_config(overrides_for(["agents=[tiny_a,tiny_b]"], files), preflight=True)
+    assert list(cfg.agents) == ["tiny_a", "tiny_b"] and model_loads == []
+
+
+def test_every_problem_of_every_kind_is_in_one_error(files, model_loads):
+    """Value problems (validate) and file/tokenizer problems (preflight) come back together, in order."""
+    error = problems_of(overrides_for([
+        "rollout.group_size=1", "algorithm.delta=1.5", "agents.tiny_a.max_prompt_len=8",
+        "agents.tiny_b.tokenizer={lossy}", "agents.tiny_b.lr=-1.0"], files))
+    assert [p.key for p in error.problems] == [
+        "agents.tiny_b.lr", "algorithm.delta", "rollout.group_size", "agents.tiny_a.max_prompt_len",
+        "agents.tiny_b.tokenizer"]
+    by_key = {p.key: p for p in error.problems}
+    assert by_key["agents.tiny_a.max_prompt_len"].value == 8
+    tokenizer = by_key["agents.tiny_b.tokenizer"]
+    assert "lossless" in tokenizer.allowed and "WordPiece" in tokenizer.fix
+    assert model_loads == []
+
+
+def test_prompt_limit_names_the_length_that_fits(files):
+    """The fix for a too-small max_prompt_len is a number that passes (hand-checked round trip)."""
+    error = problems_of(overrides_for(["agents.tiny_a.max_prompt_len=8"], files))
+    fix = next(p for p in error.problems if p.key == "agents.tiny_a.max_prompt_len").fix
+    needed = int(fix.split("max_prompt_len=")[1].split()[0])
+    assert needed > 8
+    compose_config(overrides_for([f"agents.tiny_a.max_prompt_len={needed}"], files), preflight=True)
+    problems = problems_of(overrides_for([f"agents.tiny_a.max_prompt_len={needed - 1}"], files)).problems
+    assert [p.key for p in problems] == ["agents.tiny_a.max_prompt_len"]
+
+
+# --- the real script --------------------------------------------------------------------------------
+
+
+def run_train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=180)
+
+
+def assert_user_error(result: subprocess.CompletedProcess, run: Path, *needles: str) -> None:
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
+    assert "run directory:" not in result.stdout and not run.exists()  # nothing built, nothing written
+
+
+def test_script_missing_model_dir(files, tmp_path):
+    run = tmp_path / "run"
+    result = run_train(overrides_for(["agents.tiny_a.model={missing}", f"run_dir={run}"], files), tmp_path)
+    assert_user_error(result, run, "1 configuration problem(s)", "agents.tiny_a.model", str(files["missing"]))
+
+
+def test_script_reports_several_problems_in_one_message(files, tmp_path):
+    run = tmp_path / "run"
+    result = run_train(overrides_for([
+        "rollout.group_size=1", "algorithm.delta=1.5", "agents.tiny_b.tokenizer={lossy}",
+        "data.train_files=[{missing}.jsonl]", "agents.tiny_a.max_prompt_len=8", f"run_dir={run}"], files), tmp_path)
+    assert_user_error(result, run, "5 configuration problem(s)", "rollout.group_size: got 1",
+                      "algorithm.delta: got 1.5", "agents.tiny_b.tokenizer", "data.train_files[0]",
+                      "agents.tiny_a.max_prompt_len: got 8")
+    assert result.stderr.count("\n  - ") == 5
+
+
+def test_script_unknown_key_and_wrong_type_together(files, tmp_path):
+    run = tmp_path / "run"
+    result = run_train(overrides_for(["trainer.stepz=3", "rollout.group_size=two", f"run_dir={run}"], files), tmp_path)
+    assert_user_error(result, run, "2 configuration problem(s)", "did you mean 'steps'", "rollout.group_size")
