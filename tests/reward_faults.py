@@ -2,7 +2,7 @@
 
 `faulty_reward(response, gold)` is exact match, except on a few magic responses that take the worker
 down (`CRASH`: os._exit, `SEGV`: a segfault via ctypes), hang it (`SLEEP`, `SPIN`: a busy loop) or raise
-(`RAISE`). `length_parity` is registered as `test_length_parity` for the datamodule test.
+(`RAISE`). `char_parity` is registered as `test_char_parity` for the datamodule test.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ def faulty_reward(response: str, gold: str) -> float:
     return exact_match_reward(response, gold)
 
 
-def length_parity(response: str, gold: str) -> float:
-    """1.0 for an even-length response: a reward with a mix of values on any model's output."""
-    return float(len(response) % 2 == 0)
+def char_parity(response: str, gold: str) -> float:
+    """1.0 when the code points of `response` sum to an even number: a mix of values on any output."""
+    return float(sum(map(ord, response)) % 2 == 0)
 
 
-register_reward("test_length_parity")(length_parity)
+register_reward("test_char_parity")(char_parity)

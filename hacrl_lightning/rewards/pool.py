@@ -17,6 +17,8 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import multiprocessing
+import sys
+from types import ModuleType
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Sequence
 
@@ -92,11 +94,12 @@ class RewardPool:
     def _running_pool(self) -> ProcessPool:
         if self._pool is None or not self._pool.active:
             # forkserver, not fork: the trainer process holds torch's thread pools (and maybe CUDA),
-            # which a forked child inherits in a broken state. Workers fork from a clean server that
-            # has imported the reward's module once, so replacing a killed worker takes milliseconds
-            # rather than the ~1 s a spawned interpreter needs to import sympy again.
+            # which a forked child inherits in a broken state. Each worker forks from a clean server
+            # and then re-runs the main script's top level (multiprocessing's rule); the server has
+            # imported the reward's module and everything the main script imports, so a worker (also
+            # the replacement of a killed one) starts in milliseconds, not seconds of torch imports.
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload([self.reward_fn.__module__])
+            context.set_forkserver_preload([self.reward_fn.__module__, *_main_script_imports()])
             self._pool = ProcessPool(max_workers=self.workers, context=context)
         return self._pool
 
@@ -112,3 +115,11 @@ class RewardPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _main_script_imports() -> list[str]:
+    """Modules the main script has imported (its module globals and the homes of its imported names)."""
+    main = sys.modules.get("__main__")
+    homes = {value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+             for value in vars(main).values()} if main is not None else set()
+    return sorted(name for name in homes if isinstance(name, str) and name not in ("__main__", "builtins"))
