@@ -98,6 +98,7 @@ def test_in_process_mode_scores_the_same_and_counts_errors():
     assert pool.score(["\\boxed{1}", "RAISE", "\\boxed{2}"], ["1", "1", "3"]) == [1.0, 0.0, 0.0]
     assert pool.failures == {1: "errors"} and pool.stats["errors"] == 1
     assert pool._pool is None  # no worker was started
+    assert RewardPool(faulty_reward, workers=2, timeout_s=1.0).score([], []) == []  # and none for nothing
     with pytest.raises(ValueError, match="2 responses but 1 gold answers"):
         pool.score(["a", "b"], ["a"])
     with pytest.raises(ValueError, match=r"workers=-1 must be >= 0"):
@@ -136,3 +137,25 @@ def test_datamodule_scores_rollouts_and_evaluation_through_the_pool(zoo_cache):
     dm.teardown("fit")
     assert dm.reward_pool._pool is None
     assert torch.equal(rolled.rewards, torch.tensor(expected).view(2, 2, 3))
+
+
+def test_a_training_step_logs_reward_failures_and_teardown_ends_the_workers(tmp_path, zoo_cache):
+    from lightning.pytorch import Callback
+
+    from hacrl_lightning.training import train
+
+    class Seen(Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            self.metrics = dict(pl_module.last_metrics)
+            self.pool = trainer.datamodule.reward_pool
+
+    seen = Seen()
+    cfg, _ = compose_config([
+        "agents=[tiny_a,tiny_b]", "trainer.steps=1", "data.prompts_per_step=2", "trainer.mini_batch_prompts=2",
+        "rollout.group_size=2", "trainer.eval_every=0", "data.eval_size=4", "trainer.export_agents=false",
+        "data.reward_workers=1", f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}",
+    ])
+    train(cfg, extra_callbacks=[seen])
+    assert seen.metrics["reward/timeouts"] == 0 and seen.metrics["reward/crashes"] == 0
+    assert seen.pool.stats["items"] == 2 * 2 * 2 + 2 * 2 * 4  # one step's rollouts + eval before and after
+    assert seen.pool._pool is None  # closed in teardown

@@ -54,7 +54,7 @@ class RewardPool:
                              "pass one gold answer per response")
         self.stats["items"] += len(responses)
         self.failures = {}
-        if self.workers == 0:
+        if self.workers == 0 or not responses:
             return [self._in_process(i, r, g) for i, (r, g) in enumerate(zip(responses, golds))]
         pool = self._running_pool()
         futures = [pool.schedule(self.reward_fn, args=(r, g), timeout=self.timeout_s)
