@@ -14,7 +14,7 @@ import torch
 
 from hacrl_lightning.config import ConfigError
 from hacrl_lightning.rewards import RewardPool, math_verify_reward
-from reward_faults import faulty_reward, char_parity
+from reward_faults import char_parity, faulty_reward
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
