@@ -100,7 +100,10 @@ class RewardPool:
             # the replacement of a killed one) starts in milliseconds, not seconds of torch imports.
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload([self.reward_fn.__module__, *_main_script_imports()])
-            self._pool = ProcessPool(max_workers=self.workers, context=context)
+            # a fresh worker scores one trivial item before taking tasks: first-call set-up (math-verify
+            # builds its LaTeX grammar, ~0.2 s idle, seconds on a busy CPU) must not eat an item's timeout
+            self._pool = ProcessPool(max_workers=self.workers, context=context, initializer=_warm_up,
+                                     initargs=(self.reward_fn,))
         return self._pool
 
     def close(self) -> None:
@@ -115,6 +118,13 @@ class RewardPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _warm_up(reward_fn: RewardFn) -> None:
+    try:
+        reward_fn("\\boxed{1}", "1")
+    except Exception:  # a reward that fails here fails on its items too, where it is counted
+        pass
 
 
 def _main_script_imports() -> list[str]:
