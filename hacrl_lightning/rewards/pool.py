@@ -18,8 +18,8 @@ import concurrent.futures
 import logging
 import multiprocessing
 import sys
-from types import ModuleType
 from concurrent.futures.process import BrokenProcessPool
+from types import ModuleType
 from typing import Callable, Sequence
 
 from pebble import ProcessExpired, ProcessPool
