@@ -139,6 +139,11 @@ class DataConfig:
     """Math tasks: local held-out files (as train_files); the first `eval_size` problems are used."""
     reward: str = "exact_match"
     """Reward function by registered name (`exact_match`, `math_verify`)."""
+    reward_workers: int = 0
+    """Worker processes that score rewards with a hard per-item timeout (`RewardPool`); 0 scores
+    in-process with no timeout (fine for exact_match; use 2+ for math_verify on model output)."""
+    reward_timeout_s: float = 5.0
+    """Seconds one response may take to score in a worker; an overrun scores 0.0 and is counted."""
     prompts_per_step: int = 8
     """P: prompts per training step (every agent answers each one G times)."""
     eval_size: int = 128
@@ -396,6 +401,11 @@ def _check_data(c: _Checks, cfg: TrainConfig) -> None:
         c.bad("data.name", cfg.data.name, suggest(cfg.data.name, task_names()), "pick a task, e.g. data=synthetic")
     if cfg.data.reward not in reward_names():
         c.bad("data.reward", cfg.data.reward, suggest(cfg.data.reward, reward_names()), "set data.reward to a registered reward")
+    if cfg.data.reward_workers is None or cfg.data.reward_workers < 0:
+        c.bad("data.reward_workers", cfg.data.reward_workers, "an int >= 0",
+              "0 scores in-process; e.g. data.reward_workers=2 for math_verify")
+    if cfg.data.reward_timeout_s is None or not cfg.data.reward_timeout_s > 0:
+        c.bad("data.reward_timeout_s", cfg.data.reward_timeout_s, "seconds > 0", "e.g. data.reward_timeout_s=5")
     c.positive("data.prompts_per_step", cfg.data.prompts_per_step)
     c.positive("data.eval_size", cfg.data.eval_size)
     c.positive("data.train_size", cfg.data.train_size)

@@ -23,7 +23,7 @@ from hacrl_lightning.agents.exchange import Rollout, make_rollouts
 from hacrl_lightning.config import TrainConfig
 from hacrl_lightning.data.tasks import load_task
 from hacrl_lightning.data.records import Example, PromptDataset
-from hacrl_lightning.rewards import get_reward
+from hacrl_lightning.rewards import RewardPool, get_reward
 from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, make_engine
 
 
@@ -111,6 +111,8 @@ class RolloutDataModule(pl.LightningDataModule):
         self.agents = agents
         self.names = list(agents)
         self.reward_fn = get_reward(cfg.data.reward)
+        self.reward_pool = RewardPool(self.reward_fn, workers=cfg.data.reward_workers,
+                                      timeout_s=cfg.data.reward_timeout_s)  # workers start on first use
         self.engines: dict[str, RolloutEngine] = {}
         self.train_set: PromptDataset | None = None
         self.eval_set: PromptDataset | None = None
@@ -129,6 +131,9 @@ class RolloutDataModule(pl.LightningDataModule):
                 self.engines[name] = make_engine(self.cfg.rollout.backend, agent.model,
                                                  eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id,
                                                  batch_size=self.cfg.rollout.generation_batch_size)
+
+    def teardown(self, stage: str | None = None) -> None:
+        self.reward_pool.close()  # no reward worker outlives the run
 
     def train_dataloader(self) -> ResumableLoader:
         trainer = self.trainer
@@ -166,12 +171,11 @@ class RolloutDataModule(pl.LightningDataModule):
 
         start = time.perf_counter()
         per_source = {name: make_rollouts(self.agents[name], examples, generations[name]) for name in self.names}
-        rollouts: list[Rollout] = []
-        for p, example in enumerate(examples):  # prompt-major, then source, then sample
-            for name in self.names:
-                for rollout in per_source[name][p * group : (p + 1) * group]:
-                    rollout.reward = float(self.reward_fn(rollout.response, example.gold))
-                    rollouts.append(rollout)
+        rollouts: list[Rollout] = [rollout for p in range(len(examples)) for name in self.names  # prompt-major,
+                                   for rollout in per_source[name][p * group : (p + 1) * group]]  # source, sample
+        golds = [examples[idx // (n * group)].gold for idx in range(len(rollouts))]
+        for rollout, reward in zip(rollouts, self.reward_pool.score([r.response for r in rollouts], golds)):
+            rollout.reward = reward
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32).view(len(examples), n, group)
         reward_s = time.perf_counter() - start
         return StepRollouts(examples, rollouts, rewards, group, {"rollout": rollout_s, "reward": reward_s})
@@ -188,12 +192,12 @@ class RolloutDataModule(pl.LightningDataModule):
         sampled = self.generate(examples, step=step, n=samples, salt=9) if samples > 1 else None
         for name, agent in self.agents.items():
             answers = make_rollouts(agent, examples, greedy[name])
-            correct = [self.reward_fn(r.response, ex.gold) for r, ex in zip(answers, examples)]
+            correct = self.reward_pool.score([r.response for r in answers], [ex.gold for ex in examples])
             row = {"acc": sum(correct) / max(1, len(correct))}
             if sampled is not None:
                 answers = make_rollouts(agent, examples, sampled[name])
-                hits = torch.tensor([self.reward_fn(r.response, examples[idx // samples].gold)
-                                     for idx, r in enumerate(answers)]).view(len(examples), samples)
+                golds = [examples[idx // samples].gold for idx in range(len(answers))]
+                hits = torch.tensor(self.reward_pool.score([r.response for r in answers], golds)).view(len(examples), samples)
                 row[f"avg@{samples}"] = float(avg_at_k(hits))
                 row[f"pass@{samples}"] = float(pass_at_k(hits, samples))
             results[name] = row

@@ -157,7 +157,8 @@ class HACRLModule(pl.LightningModule):
         metrics.update(self._rollout_metrics(rolled, acc, omega))
         metrics.update(self._view_metrics(views))
         metrics.update({"time/rollout": rolled.timings["rollout"], "time/reward": rolled.timings["reward"],
-                        "time/exchange": exchange_s, "time/old_logprobs": old_s, "time/update": update_s})
+                        "time/exchange": exchange_s, "time/old_logprobs": old_s, "time/update": update_s,
+                        "reward/timeouts": dm.reward_pool.stats["timeouts"], "reward/crashes": dm.reward_pool.stats["crashes"]})
         self.last_metrics = metrics
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
         for name in self.names:

@@ -3,15 +3,20 @@
     python scripts/bench.py rollout [--agents tiny_a,tiny_b,tiny_c] [--prompts 16] [--group 8]
                                     [--max-new-tokens 24] [--repeats 3] [--backend hf|vllm|all]
 
+    python scripts/bench.py rewards [--items 1000] [--adversarial 10] [--workers 1 2] [--timeout 2]
+
 `rollout`: generation throughput per agent and backend (tokens/s, responses/s) on prompts of the
 synthetic task, with the prompt count, G and lengths printed beside the figures. The vLLM backend
 is measured only where vllm and a GPU are present.
+`rewards`: math_verify items/s in-process and through RewardPool with 1 and 2 workers, on ordinary
+answers and on the same mixed with hostile ones (each of those costs a worker the timeout).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -86,6 +91,57 @@ def bench_rollout(args) -> dict:
             "torch": torch.__version__, "rollout": rows}
 
 
+def math_items(n: int, adversarial: int) -> tuple[list[str], list[str], list[str]]:
+    """n (response, gold) pairs of unique ordinary answers (fractions, decimals, sets, ...) and the
+    indices' kinds, with `adversarial` hostile responses (power towers, nested braces) spread through."""
+    responses, golds, kinds = [], [], []
+    for i in range(n):
+        a, b = i + 2, i + 3
+        response, gold = [
+            (f"so \\boxed{{\\frac{{{a}}}{{{b}}}}}", f"{a}/{b}"), (f"\\boxed{{{a / 4}}}", f"\\frac{{{a}}}{{4}}"),
+            (f"\\boxed{{{a + 1}}}", f"{a}"), (f"\\boxed{{\\{{{a}, {b}\\}}}}", f"\\{{{b},{a}\\}}"),
+            (f"\\boxed{{({a}, {b}]}}", f"({a},{b})"), (f"$x = {a}$, \\boxed{{x^2 + {a}}}", f"{a} + x^2"),
+        ][i % 6]
+        responses.append(response), golds.append(gold), kinds.append("ordinary")
+    hostile = ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{" + "{" * 5_000 + "1" + "}" * 5_000 + "}"]
+    for k in range(adversarial):
+        index = (k * n) // max(1, adversarial) + 1
+        responses[index], golds[index], kinds[index] = hostile[k % 2], "5", "adversarial"
+    return responses, golds, kinds
+
+
+def bench_rewards(args) -> dict:
+    """items/s of math_verify: in-process (ordinary items only: nothing would stop a hang) and through
+    RewardPool with each worker count, on the ordinary items and on the mix with hostile ones."""
+    from hacrl_lightning.rewards import RewardPool, math_verify_reward
+
+    responses, golds, kinds = math_items(args.items, args.adversarial)
+    ordinary = [i for i, kind in enumerate(kinds) if kind == "ordinary"]
+    clean = ([responses[i] for i in ordinary], [golds[i] for i in ordinary])
+    math_verify_reward("\\boxed{1}", "1")  # imports and grammar warm-up, as a started worker has done
+    start = time.perf_counter()
+    serial = [math_verify_reward(r, g) for r, g in zip(*clean)]
+    rows = [{"mode": "in-process", "workers": 0, "items": len(serial), "adversarial": 0, "start_s": 0.0,
+             "seconds": time.perf_counter() - start, "timeouts": 0}]
+    for workers in args.workers:
+        for batch, hostile in ((clean, 0), ((responses, golds), args.adversarial)):
+            with RewardPool(math_verify_reward, workers=workers, timeout_s=args.timeout) as pool:
+                begin = time.perf_counter()
+                pool.score(["\\boxed{1}"] * workers, ["1"] * workers)  # workers up
+                started = time.perf_counter() - begin
+                begin = time.perf_counter()
+                scores = pool.score(*batch)
+                seconds = time.perf_counter() - begin
+            if hostile == 0 and scores != serial:
+                raise RuntimeError("pool and in-process scores differ on the ordinary items")
+            rows.append({"mode": "pool", "workers": workers, "items": len(scores), "adversarial": hostile,
+                         "start_s": started, "seconds": seconds, "timeouts": pool.stats["timeouts"]})
+    for row in rows:
+        row["items_per_s"] = row["items"] / row["seconds"]
+    return {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+                       f"load {os.getloadavg()[0]:.1f}", "timeout_s": args.timeout, "rewards": rows}
+
+
 def print_table(rows: list[dict], columns: list[str]) -> None:
     cells = [[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
@@ -105,7 +161,21 @@ def main(argv=None) -> int:
     rollout.add_argument("--repeats", type=int, default=3)
     rollout.add_argument("--backend", default="all", choices=["hf", "vllm", "all"])
     rollout.add_argument("--json", default="", help="also write the figures to this JSON file")
+    rewards = sub.add_parser("rewards", help="math_verify items/s in-process and through RewardPool")
+    rewards.add_argument("--items", type=int, default=1000)
+    rewards.add_argument("--adversarial", type=int, default=10, help="hostile responses among the items")
+    rewards.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    rewards.add_argument("--timeout", type=float, default=2.0, help="RewardPool per-item timeout (s)")
+    rewards.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
+    if args.command == "rewards":
+        result = bench_rewards(args)
+        print(f"machine: {result['machine']} | timeout {result['timeout_s']:g} s")
+        print_table(result["rewards"], ["mode", "workers", "items", "adversarial", "start_s", "seconds", "timeouts",
+                                        "items_per_s"])
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     result = bench_rollout(args)
     print(f"machine: {result['machine']} | torch {result['torch']}")
     print_table(result["rollout"], ["agent", "backend", "prompts", "group", "prompt_len_mean", "max_new_tokens",

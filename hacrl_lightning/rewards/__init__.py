@@ -2,7 +2,8 @@
 
 A reward function takes the decoded response text and the gold answer and returns a float. The
 registry fails loudly: an unknown name lists the valid ones, and registering a different function
-under a taken name raises. Deliberately not here: batching and timeouts (the caller's process pool).
+under a taken name raises. `exact_match` (synthetic task) and `math_verify` (math benchmarks) are
+registered. Batching, timeouts and crash isolation live in `RewardPool` (pool.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Callable, Dict
 
 from hacrl_lightning.config import suggest
 from hacrl_lightning.rewards.exact_match import exact_match_reward, extract_boxed
+from hacrl_lightning.rewards.math_verify import gold_parses, math_verify_reward
+from hacrl_lightning.rewards.pool import RewardPool
 
 RewardFn = Callable[[str, str], float]
 REWARDS: Dict[str, RewardFn] = {}
@@ -41,7 +44,9 @@ def get_reward(name: str) -> RewardFn:
 
 
 register_reward("exact_match")(exact_match_reward)
+register_reward("math_verify")(math_verify_reward)
 
 __all__ = [
-    "REWARDS", "RewardFn", "exact_match_reward", "extract_boxed", "get_reward", "register_reward", "reward_names",
+    "REWARDS", "RewardFn", "RewardPool", "exact_match_reward", "extract_boxed", "get_reward", "gold_parses", "math_verify_reward",
+    "register_reward", "reward_names",
 ]

@@ -1,0 +1,98 @@
+"""math_verify_reward on a hand-written table of equivalent and non-equivalent answers; unscorable gold."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hacrl_lightning.rewards import get_reward, gold_parses, math_verify_reward
+
+
+def boxed(answer: str) -> str:
+    return f"Reasoning step by step ... so the answer is $\\boxed{{{answer}}}$."
+
+
+# (gold, answer in the response's box, reward): what math-verify 0.9.0 really decides
+TABLE = [
+    # fractions and decimals
+    ("\\frac{1}{2}", "0.5", 1.0),
+    ("0.5", "\\frac{1}{2}", 1.0),
+    ("1/2", "\\frac12", 1.0),
+    ("\\frac{1}{2}", "1/2", 1.0),
+    ("\\dfrac{3}{4}", "0.75", 1.0),
+    ("0.5", "0.50", 1.0),
+    ("\\frac{1}{2}", "0.51", 0.0),
+    ("\\frac{1}{3}", "0.333", 0.0),            # 3 decimals are not 1/3 ...
+    ("\\frac13", "0.3333333", 1.0),            # ... 7 are (float_rounding=6)
+    ("1,000", "1000", 1.0),
+    # LaTeX vs plain
+    ("\\sqrt{2}", "2^{1/2}", 1.0),
+    ("\\sqrt{2}", "1.41421356", 1.0),
+    ("x^2+1", "1+x^2", 1.0),
+    ("x^2+1", "x^2-1", 0.0),
+    ("2\\pi", "6.283185", 1.0),
+    ("x=3", "3", 1.0),
+    ("\\infty", "\\infty", 1.0),
+    # units: stripped on both sides
+    ("5", "5\\text{ cm}", 1.0),
+    ("5", "5 cm", 1.0),
+    ("5\\text{ cm}", "5", 1.0),
+    ("5", "6 cm", 0.0),
+    # percent: a bare gold `10\%` parses as the plain number 10
+    ("10\\%", "10", 1.0),
+    ("10\\%", "0.1", 0.0),
+    ("10", "10\\%", 1.0),
+    # hedged answers are not answers
+    ("2", "1 \\text{ or } 2", 0.0),
+    ("2", "1,2,3", 0.0),
+    # sets and intervals
+    ("\\{1,2\\}", "\\{2,1\\}", 1.0),
+    ("\\{1,2\\}", "\\{1,3\\}", 0.0),
+    ("(1,2]", "(1,2]", 1.0),
+    ("(1,2]", "(1,2)", 0.0),
+    ("[0,1)", "[0, 1)", 1.0),
+    # negative numbers
+    ("-3", "-3", 1.0),
+    ("-3", "3", 0.0),
+    ("3", "-3", 0.0),
+    ("-\\frac{1}{2}", "-0.5", 1.0),
+]
+
+
+@pytest.mark.parametrize("gold,answer,reward", TABLE)
+def test_math_verify_table(gold, answer, reward):
+    assert gold_parses(gold)
+    assert math_verify_reward(boxed(answer), gold) == reward
+    # the gold may come boxed or in $...$ (verl's ground truths, dataset solutions): same verdict
+    assert math_verify_reward(boxed(answer), f"\\boxed{{{gold}}}") == reward
+    assert math_verify_reward(boxed(answer), f"${gold}$") == reward
+
+
+@pytest.mark.parametrize("response,reward", [
+    ("The answer is 5.", 0.0),                          # no box: not an answer
+    ("$5$", 0.0),
+    ("\\boxed{4} after checking, \\boxed{5}", 1.0),     # the last box counts
+    ("\\boxed{5} after checking, \\boxed{4}", 0.0),
+    ("\\boxed{5} then \\boxed{6", 1.0),                 # an unclosed last box does not
+    ("\\boxed{}", 0.0),
+    ("\\boxed{five}", 0.0),
+])
+def test_the_last_complete_box_is_the_answer(response, reward):
+    assert math_verify_reward(response, "5") == reward
+
+
+@pytest.mark.parametrize("gold", ["", "   ", "}{", "\\frac{", "???", "abc def??"])
+def test_unparseable_gold_is_excluded_never_correct(gold):
+    assert not gold_parses(gold)
+    for response in (boxed(gold), boxed("1"), "\\boxed{}"):
+        assert math_verify_reward(response, gold) == 0.0
+
+
+def test_registered_and_safe_off_the_main_thread():
+    assert get_reward("math_verify") is math_verify_reward
+    out = []
+    thread = threading.Thread(target=lambda: out.append(math_verify_reward(boxed("0.25"), "\\frac{1}{4}")))
+    thread.start()
+    thread.join()
+    assert out == [1.0]  # math-verify's signal-based timeouts would raise here; they are disabled
