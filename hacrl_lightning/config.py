@@ -478,6 +478,10 @@ class EvaluateConfig:
     limit: Optional[int] = None
     """Keep the first `limit` problems of each benchmark (smoke tests); null keeps all."""
     reward: str = "math_verify"
+    reward_workers: int = 2
+    """Processes scoring answers (hard per-answer timeout, crash isolation); 0 scores in this process."""
+    reward_timeout_s: float = 5.0
+    """An answer whose scoring takes longer scores 0.0 (counted and reported)."""
     backend: str = "hf"
     generation_batch_size: int = 64
     gpu_memory_utilization: float = 0.5
@@ -531,6 +535,9 @@ def validate_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
         c.choice("dtype", cfg.dtype, DTYPES)
     if cfg.reward not in reward_names():
         c.bad("reward", cfg.reward, suggest(cfg.reward, reward_names()), "set reward to a registered reward")
+    if cfg.reward_workers < 0:
+        c.bad("reward_workers", cfg.reward_workers, ">= 0 (0 scores in this process)", "set reward_workers=2")
+    c.positive("reward_timeout_s", cfg.reward_timeout_s)
     c.choice("backend", cfg.backend, BACKENDS)
     c.positive("generation_batch_size", cfg.generation_batch_size)
     c.choice("device", cfg.device, EVAL_DEVICES)

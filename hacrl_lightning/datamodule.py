@@ -11,6 +11,7 @@ passes, advantages and optimizer steps (the module), and the math of retokenizat
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -23,8 +24,8 @@ from hacrl_lightning.agents.exchange import Rollout, make_rollouts
 from hacrl_lightning.config import TrainConfig
 from hacrl_lightning.data.tasks import load_task
 from hacrl_lightning.data.records import Example, PromptDataset
-from hacrl_lightning.rewards import RewardPool, get_reward
-from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, make_engine
+from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
+from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, engine_options, make_engine
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -125,12 +126,16 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
-            self.train_set, self.eval_set = load_task(self.cfg.data)
+            train, held_out = load_task(self.cfg.data)
+            reward = self.cfg.data.reward
+            self.train_set = PromptDataset(exclude_unscorable(train, reward, what=f"{train.name} (train)"), name=train.name)
+            self.eval_set = PromptDataset(exclude_unscorable(held_out, reward, what=f"{held_out.name} (held out)"),
+                                          name=held_out.name)
         if not self.engines:
             for name, agent in self.agents.items():
-                self.engines[name] = make_engine(self.cfg.rollout.backend, agent.model,
-                                                 eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id,
-                                                 batch_size=self.cfg.rollout.generation_batch_size)
+                self.engines[name] = make_engine(self.cfg.rollout.backend, agent.model, **engine_options(
+                    agent, self.cfg.rollout.backend, batch_size=self.cfg.rollout.generation_batch_size,
+                    seed=self.cfg.seed, export_to=Path(self.cfg.run_dir) / "engine_dirs" / name))
 
     def teardown(self, stage: str | None = None) -> None:
         self.reward_pool.close()  # no reward worker outlives the run

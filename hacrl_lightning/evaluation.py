@@ -33,7 +33,7 @@ from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pas
 from hacrl_lightning.config import AgentConfig, TrainConfig
 from hacrl_lightning.data.benchmarks import get_benchmark
 from hacrl_lightning.data.records import Example
-from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, make_engine
+from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, engine_options, make_engine
 
 __all__ = [
     "PROTOCOLS", "BatchScorer", "EvalPlan", "avg_at_k", "evaluate_agents", "format_table", "load_eval_agents",
@@ -309,13 +309,8 @@ def build_engines(agents: Mapping[str, Agent], *, backend: str = "hf", batch_siz
                   gpu_memory_utilization: float = 0.5, seed: int = 0,
                   export_dir: str | os.PathLike | None = None) -> dict[str, RolloutEngine]:
     """One rollout engine per agent. vLLM reads weights from a HF dir: each agent is exported first."""
-    engines = {}
-    for name, agent in agents.items():
-        options: dict[str, Any] = dict(eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id,
-                                       batch_size=batch_size)
-        if backend == "vllm":
-            model_dir = agent.export(Path(export_dir or "eval_exports") / name)
-            options.update(model_dir=model_dir, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                           max_model_len=agent.max_prompt_len + agent.max_response_len, dtype=agent.cfg.dtype)
-        engines[name] = make_engine(backend, agent.model, **options)
-    return engines
+    return {name: make_engine(backend, agent.model,
+                              **engine_options(agent, backend, batch_size=batch_size, seed=seed,
+                                               gpu_memory_utilization=gpu_memory_utilization,
+                                               export_to=Path(export_dir or "eval_exports") / name))
+            for name, agent in agents.items()}

@@ -37,10 +37,9 @@ from hacrl_lightning.evaluation import (  # noqa: E402
     format_table,
     load_eval_agents,
     plan_benchmarks,
-    serial_scorer,
     write_results,
 )
-from hacrl_lightning.rewards import get_reward  # noqa: E402
+from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward  # noqa: E402
 from hydra_config import CONFIG_DIR, _problem_from_exception, parse_cli, save_resolved  # noqa: E402
 
 EVAL_CONFIG_DIR = CONFIG_DIR / "evaluate"
@@ -85,7 +84,8 @@ def main(argv: list[str]) -> int:
         benchmarks = {}
         for name in cfg.benchmarks:
             files = cfg.files.get(name) or []
-            benchmarks[name] = load_benchmark(name, [files] if isinstance(files, str) else list(files), limit=cfg.limit)
+            loaded = load_benchmark(name, [files] if isinstance(files, str) else list(files), limit=cfg.limit)
+            benchmarks[name] = exclude_unscorable(loaded, cfg.reward, what=name)
             print(f"{name}: {len(benchmarks[name])} problems from {files or 'the hub'}")
         agents, sources = load_eval_agents(cfg.agents, zoo_cache=cfg.zoo_cache, adjust=adjust)
     except (AgentLoadError, BenchmarkLoadError, DataFormatError, FileNotFoundError, KeyError, ValueError) as err:
@@ -98,9 +98,11 @@ def main(argv: list[str]) -> int:
                             export_dir=out / "engine_dirs")
     listed = ", ".join(f"{k} ({v})" for k, v in sources.items())
     print(f"agents: {listed} | protocol: {cfg.protocol} | device: {device}")
-    results = evaluate_agents(agents, benchmarks, plans, score=serial_scorer(get_reward(cfg.reward)), engines=engines,
-                              temperature=cfg.temperature, seed=cfg.seed, protocol=cfg.protocol, sources=sources,
-                              progress=print)
+    with RewardPool(get_reward(cfg.reward), workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s) as pool:
+        results = evaluate_agents(agents, benchmarks, plans, score=pool.score, engines=engines,
+                                  temperature=cfg.temperature, seed=cfg.seed, protocol=cfg.protocol, sources=sources,
+                                  progress=print)
+        results["reward_failures"] = dict(pool.stats)
     results["settings"] = OmegaConf.to_container(dcfg, resolve=True)
     json_path, md_path = write_results(results, out)
     print(format_table(results))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 
 import pytest
 
-from hacrl_lightning.rewards import get_reward, gold_parses, math_verify_reward
+from hacrl_lightning.config import DataConfig, TrainConfig
+from hacrl_lightning.datamodule import RolloutDataModule
+from hacrl_lightning.rewards import exclude_unscorable, get_reward, gold_parses, math_verify_reward, scorable_golds
 
 
 def boxed(answer: str) -> str:
@@ -96,3 +100,21 @@ def test_registered_and_safe_off_the_main_thread():
     thread.start()
     thread.join()
     assert out == [1.0]  # math-verify's signal-based timeouts would raise here; they are disabled
+
+
+def test_unscorable_golds_are_excluded_at_load_and_reported(tmp_path, caplog):
+    """A MATH file with two unparseable gold answers: train and held-out sets keep the other three."""
+    rows = [{"problem": f"Q{i}?", "solution": f"so \\boxed{{{answer}}}", "answer": answer, "unique_id": f"t/{i}"}
+            for i, answer in enumerate(["\\frac{1}{2}", "???", "7", "abc def??", "x^2"])]
+    path = tmp_path / "math500.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = DataConfig(name="math", train_files=[str(path)], eval_files=[str(path)], reward="math_verify")
+    data = RolloutDataModule(TrainConfig(data=cfg, run_dir=str(tmp_path / "run")), agents={})
+    with caplog.at_level(logging.WARNING):
+        data.setup()
+    assert [ex.gold for ex in data.eval_set] == ["\\frac{1}{2}", "7", "x^2"]
+    assert len(data.train_set) == 3
+    assert "excluded 2 of 5 problems" in caplog.text and "'???'" in caplog.text
+    # a reward without a gold check keeps everything
+    assert scorable_golds("exact_match", ["???", "7"]) == [True, True]
+    assert [ex.gold for ex in exclude_unscorable(data.eval_set, "exact_match", what="x")] == ["\\frac{1}{2}", "7", "x^2"]

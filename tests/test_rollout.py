@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ZOO_AGENTS
-from hacrl_lightning.rollout.engine import Generation, SamplingSettings, make_engine
+from hacrl_lightning.rollout.engine import Generation, SamplingSettings, engine_options, make_engine
 from hacrl_lightning.rollout.hf import HFEngine, split_response
 from hacrl_lightning.rollout.vllm import require_vllm, sampling_params_kwargs, to_generations
 
@@ -159,3 +159,16 @@ def test_vllm_engine_matches_trainer_and_syncs(load_zoo_agent, tmp_path):
     for index, gen in enumerate(engine.generate(prompts, settings)):
         expected = forward_logprobs(agent, prompts[index // 2], gen, 1.0)
         torch.testing.assert_close(torch.tensor(gen.logprobs), expected, atol=2e-3, rtol=0)
+
+
+def test_vllm_engine_options_export_the_agent_with_its_memory_share(load_zoo_agent, tmp_path):
+    """Training with rollout=vllm: each agent is exported to a HF dir the engine loads (no GPU needed)."""
+    agent = load_zoo_agent("tiny_a")
+    assert engine_options(agent, "hf", batch_size=8) == dict(
+        eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id, batch_size=8)
+    options = engine_options(agent, "vllm", batch_size=8, seed=3, export_to=tmp_path / "tiny_a")
+    assert options["model_dir"] == tmp_path / "tiny_a" and (tmp_path / "tiny_a" / "config.json").is_file()
+    assert options["gpu_memory_utilization"] == agent.cfg.gpu_memory_utilization
+    assert options["max_model_len"] == agent.max_prompt_len + agent.max_response_len and options["seed"] == 3
+    assert engine_options(agent, "vllm", batch_size=8, gpu_memory_utilization=0.4,
+                          export_to=tmp_path / "b")["gpu_memory_utilization"] == 0.4

@@ -8,7 +8,9 @@ knows which one runs. Deliberately not here: weight export formats (each backend
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 import torch
@@ -70,3 +72,19 @@ def make_engine(backend: str, model: torch.nn.Module, **options) -> RolloutEngin
 
         return VLLMEngine(model, **options)
     raise ValueError(f"rollout.backend={backend!r} is unknown: allowed {list(BACKENDS)}; use rollout=hf or rollout=vllm")
+
+
+def engine_options(agent, backend: str, *, batch_size: int, seed: int = 0,
+                   gpu_memory_utilization: float | None = None, export_to: str | os.PathLike | None = None) -> dict:
+    """`make_engine` options for one agent (an `Agent`: token ids, lengths, export).
+
+    vLLM loads weights from a Hugging Face dir, so the agent is first exported to `export_to`
+    (default `engine_dirs/<name>`; also the dir its weight sync writes to); its memory share is the
+    agent's own `gpu_memory_utilization` unless one is given for all.
+    """
+    options = dict(eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id, batch_size=batch_size)
+    if backend == "vllm":
+        share = agent.cfg.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
+        options.update(model_dir=agent.export(Path(export_to or Path("engine_dirs") / agent.name)), gpu_memory_utilization=share,
+                       seed=seed, max_model_len=agent.max_prompt_len + agent.max_response_len, dtype=agent.cfg.dtype)
+    return options
