@@ -2,10 +2,15 @@
 
     python scripts/bench.py rollout [--agents tiny_a,tiny_b,tiny_c] [--prompts 16] [--group 8]
                                     [--max-new-tokens 24] [--repeats 3] [--backend hf|vllm|all]
+    python scripts/bench.py step [--n 2,3,4] [--groups 4,8,16] [--steps 3] [--json bench.json]
 
 `rollout`: generation throughput per agent and backend (tokens/s, responses/s) on prompts of the
 synthetic task, with the prompt count, G and lengths printed beside the figures. The vLLM backend
 is measured only where vllm and a GPU are present.
+
+`step`: full framework HACPO training steps against a bare PyTorch + transformers loop doing the
+same work (`scripts/bench_step.py`), with the per-phase breakdown, tokens/s, peak RSS, and scaling
+in n and G; figures in docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_step  # noqa: E402
 from hydra_config import compose_config  # noqa: E402
 
 from hacrl_lightning.agents.agent import Agent  # noqa: E402
@@ -105,7 +111,16 @@ def main(argv=None) -> int:
     rollout.add_argument("--repeats", type=int, default=3)
     rollout.add_argument("--backend", default="all", choices=["hf", "vllm", "all"])
     rollout.add_argument("--json", default="", help="also write the figures to this JSON file")
+    step = sub.add_parser("step", help="framework HACPO step vs a bare loop: phases, tokens/s, RSS, n and G scaling")
+    bench_step.add_arguments(step)
     args = parser.parse_args(argv)
+    if args.command == "step":
+        result = bench_step.run(args)
+        bench_step.print_report(result)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+            print(f"figures: {args.json}")
+        return 0
     result = bench_rollout(args)
     print(f"machine: {result['machine']} | torch {result['torch']}")
     print_table(result["rollout"], ["agent", "backend", "prompts", "group", "prompt_len_mean", "max_new_tokens",

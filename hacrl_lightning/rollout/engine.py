@@ -28,6 +28,9 @@ class SamplingSettings:
     top_k: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    min_new_tokens: int = 0
+    """Stop tokens are masked until this many tokens are out (0: off). The benchmark sets it to
+    `max_new_tokens` so that two paths generate exactly the same number of tokens."""
 
     @property
     def greedy(self) -> bool:

@@ -89,6 +89,8 @@ class HFEngine:
             max_new_tokens=sampling.max_new_tokens, num_return_sequences=n, eos_token_id=stop_ids,
             pad_token_id=self.pad_token_id, return_dict_in_generate=True, output_scores=True,
         )
+        if sampling.min_new_tokens:
+            settings["min_new_tokens"] = sampling.min_new_tokens
         if sampling.greedy:
             return GenerationConfig(do_sample=False, **settings)
         return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k,

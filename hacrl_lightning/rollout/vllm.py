@@ -46,6 +46,7 @@ def sampling_params_kwargs(sampling: SamplingSettings, stop_token_ids: Sequence[
         top_p=sampling.top_p,
         top_k=sampling.top_k if sampling.top_k > 0 else -1,   # vLLM: -1 disables top-k
         max_tokens=sampling.max_new_tokens,
+        min_tokens=sampling.min_new_tokens,
         seed=sampling.seed,
         stop_token_ids=list(dict.fromkeys([*stop_token_ids, *sampling.stop_token_ids])),
         logprobs=0,               # only the sampled token's log-prob
