@@ -125,7 +125,7 @@ class PhaseMemory:
         return {label: rss / MB for label, rss in self.peak.items()}
 
 
-def weight_copies(agents) -> int:
+def weight_copies(agents, optimizers) -> list[str]:
     """Live CPU tensors, other than parameters, gradients and optimizer state, shaped like a weight
     matrix of an agent (>= 4096 elements): copies of weights a phase would hold beyond the algorithm's."""
     import torch
@@ -137,13 +137,16 @@ def weight_copies(agents) -> int:
             owned.add(p.untyped_storage().data_ptr())
             if p.grad is not None:
                 owned.add(p.grad.untyped_storage().data_ptr())
-    found = set()
+    for optimizer in optimizers:
+        for state in optimizer.state.values():
+            owned.update(v.untyped_storage().data_ptr() for v in state.values() if isinstance(v, torch.Tensor))
+    found = {}
     for obj in gc.get_objects():
         if isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.Parameter) and tuple(obj.shape) in shapes:
             ptr = obj.untyped_storage().data_ptr()
             if ptr not in owned:
-                found.add(ptr)
-    return len(found)
+                found[ptr] = f"{tuple(obj.shape)} {obj.dtype}"
+    return sorted(found.values())
 
 
 def _weights_mb(agents) -> float:
@@ -210,7 +213,7 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
 
         def __init__(self, sync: WeightSyncCallback):
             self.sync, self.steps, self.current, self._start = sync, [], defaultdict(float), None
-            self.copies = 0
+            self.copies: list[str] = []
 
         def _close(self, pl_module) -> None:
             if self._start is None:
@@ -233,7 +236,9 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
             self._start = time.perf_counter()
 
         def _scan(self, pl_module) -> None:
-            self.copies = max(self.copies, weight_copies(pl_module.agents.values()))
+            copies = weight_copies(pl_module.agents.values(), pl_module.trainer.optimizers)
+            if len(copies) > len(self.copies):
+                self.copies = copies + [f"(found at the start of phase {memory.label})"]
 
         def on_train_end(self, trainer, pl_module) -> None:
             self._close(pl_module)
@@ -264,7 +269,7 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
     rows = recorder.steps[warmup:]
     return {"path": "framework", "steps": rows, "warmup_steps": recorder.steps[:warmup], "peak_rss_mb": peaks, "weights_mb": weights,
             "reference_copies": len(module.references), "stray_weight_copies": recorder.copies,
-            "step_timer_s": timer.step_s, "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads()}
 
 
 # -- (b) the bare loop -----------------------------------------------------------------------------
@@ -444,7 +449,7 @@ def summarise(framework: dict, bare: dict, n: int, G: int, prompts: int) -> dict
         "peak_rss_mb": framework["peak_rss_mb"], "bare_peak_rss_mb": bare["peak_rss_mb"],
         "max_rss_mb": max(framework["peak_rss_mb"].values()), "bare_max_rss_mb": max(bare["peak_rss_mb"].values()),
         "weights_mb": framework["weights_mb"], "reference_copies": framework["reference_copies"],
-        "stray_weight_copies": framework["stray_weight_copies"], "step_timer_s": framework["step_timer_s"],
+        "stray_weight_copies": framework["stray_weight_copies"],
         "framework_steps": f_rows, "bare_steps": b_rows,
         # the first (warm-up) step starts from the same weights: equal counts mean the same texts
         "first_step_tokens": {path: {key: r["warmup_steps"][0].get(key) for key in ("rollout_tokens", "trained_tokens")}
