@@ -24,8 +24,12 @@ with every learner), then per learner the same mini-batches (own responses first
 micro-batches, backward, gradient clip and AdamW step. Its loss is a plain clipped sequence-ratio
 surrogate: the arithmetic differs from HACPO's, the tensor work does not.
 
+`framework_over_bare` is the ratio of the median process CPU seconds per step (all threads), which
+a machine shared with other jobs leaves nearly intact; the wall-time ratio is reported beside it.
 Each (path, n, G) runs in a fresh process, so peak resident memory (RSS, sampled every 5 ms and
-attributed to the phase running) is that configuration's alone. The warm-up steps are not timed.
+attributed to the phase running) is that configuration's alone. The warm-up steps are not timed;
+in them the framework is searched, at every phase boundary, for CPU tensors shaped like a weight
+matrix that are not parameters, gradients or optimizer state (`stray_weight_copies`).
 Deliberately not here: checking the framework's math (tests do that) and vLLM throughput
 (`bench.py rollout`).
 """

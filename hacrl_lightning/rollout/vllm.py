@@ -40,19 +40,21 @@ def require_vllm():
 
 def sampling_params_kwargs(sampling: SamplingSettings, stop_token_ids: Sequence[int]) -> dict[str, Any]:
     """SamplingSettings -> `vllm.SamplingParams` keywords, 1:1 (greedy is temperature 0 in both)."""
-    return dict(
+    kwargs = dict(
         n=sampling.n,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         top_k=sampling.top_k if sampling.top_k > 0 else -1,   # vLLM: -1 disables top-k
         max_tokens=sampling.max_new_tokens,
-        min_tokens=sampling.min_new_tokens,
         seed=sampling.seed,
         stop_token_ids=list(dict.fromkeys([*stop_token_ids, *sampling.stop_token_ids])),
         logprobs=0,               # only the sampled token's log-prob
         detokenize=False,         # engines speak token ids
         ignore_eos=False,
     )
+    if sampling.min_new_tokens:
+        kwargs["min_tokens"] = sampling.min_new_tokens
+    return kwargs
 
 
 def to_generations(request_outputs: Iterable[Any], stop_token_ids: Sequence[int]) -> list[Generation]:
