@@ -272,8 +272,8 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
         peaks = memory.close()
         weights = _weights_mb(module.agents.values())
     rows = recorder.steps[warmup:]
-    return {"path": "framework", "steps": rows, "warmup_steps": recorder.steps[:warmup], "peak_rss_mb": peaks, "weights_mb": weights,
-            "reference_copies": len(module.references), "stray_weight_copies": recorder.copies,
+    return {"path": "framework", "steps": rows, "warmup_steps": recorder.steps[:warmup], "peak_rss_mb": peaks,
+            "weights_mb": weights, "reference_copies": len(module.references), "stray_weight_copies": recorder.copies,
             "threads": torch.get_num_threads()}
 
 
@@ -367,8 +367,8 @@ def run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmu
         views = {}
         for k in names:
             partner = [(p, j, i) for p in range(prompts) for j, s in enumerate(names) if s != k for i in range(G)]
-            encoded = toks[k]([texts[names[j]][p * G + i] for p, j, i in partner], add_special_tokens=False)["input_ids"]
-            encoded = dict(zip(partner, encoded))
+            bodies = [texts[names[j]][p * G + i] for p, j, i in partner]
+            encoded = dict(zip(partner, toks[k](bodies, add_special_tokens=False)["input_ids"]))
             rows, starts, keys = [], [], []
             for p in range(prompts):
                 for j, s in enumerate(names):
