@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,23 @@ def test_min_new_tokens_forces_full_length_responses(zoo_agents):
     assert [len(g.token_ids) for g in fixed] == [16] * 8
     assert {g.finish_reason for g in fixed} == {"length"}
     assert not any(t in agent.eos_token_ids for g in fixed for t in g.token_ids)
+
+
+def test_engine_log_probs_can_be_skipped_without_changing_the_tokens(zoo_agents):
+    from hacrl_lightning.rollout.engine import SamplingSettings, make_engine
+    from hacrl_lightning.rollout.vllm import sampling_params_kwargs
+
+    agent = zoo_agents["tiny_a"]
+    engine = make_engine("hf", agent.model, eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id)
+    prompts = agent.encode_prompts(["3+4=?", "25+17=?"])
+    settings = SamplingSettings(max_new_tokens=12, n=3, seed=5)
+    full = engine.generate(prompts, settings)
+    bare = engine.generate(prompts, replace(settings, return_logprobs=False))
+    assert [g.token_ids for g in bare] == [g.token_ids for g in full]
+    assert [g.finish_reason for g in bare] == [g.finish_reason for g in full]
+    assert all(len(g.logprobs) == len(g.token_ids) for g in full) and all(g.logprobs == [] for g in bare)
+    kwargs = sampling_params_kwargs(replace(settings, return_logprobs=False, min_new_tokens=12), stop_token_ids=[2])
+    assert kwargs["logprobs"] is None and kwargs["min_tokens"] == 12 and kwargs["max_tokens"] == 12
 
 
 def test_each_step_is_written_to_the_logger_once_with_the_callbacks_scalars(tmp_path, zoo_cache):
