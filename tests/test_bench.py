@@ -26,7 +26,8 @@ def bench(tmp_path_factory, zoo_cache) -> dict:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench.py"), "step", "--agents", "tiny_a,tiny_b", "--n", "2",
-         "--groups", "2", "--prompts", "2", "--steps", "2", "--warmup", "1", "--json", str(out)],
+         "--groups", "2", "--prompts", "2", "--steps", "2", "--warmup", "1", "--headline-repeats", "1",
+         "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "framework_over_bare" in result.stdout and "logging" in result.stdout
