@@ -24,4 +24,4 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) scripts/bench.py rollout
+	$(PY) scripts/bench.py step --json bench.json

@@ -151,10 +151,12 @@ class RolloutDataModule(pl.LightningDataModule):
     # -- one step's rollouts ----------------------------------------------------------------------
 
     def sampling(self, agent: Agent, *, n: int, seed: int, greedy: bool = False) -> SamplingSettings:
+        """The agent's sampling settings. No engine log-probs: the step recomputes old log-probs with a
+        forward pass, and HF `generate` would keep a [batch, vocab] score tensor per token for them."""
         cfg = agent.cfg
         return SamplingSettings(max_new_tokens=cfg.max_response_len, n=n,
                                 temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p,
-                                top_k=cfg.top_k, seed=seed)
+                                top_k=cfg.top_k, seed=seed, return_logprobs=False)
 
     def generate(self, examples: Sequence[Example], *, step: int, n: int, greedy: bool = False,
                  salt: int = 0) -> dict[str, list]:

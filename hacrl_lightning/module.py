@@ -61,6 +61,9 @@ class HACRLModule(pl.LightningModule):
         self.fault_streak = {name: 0 for name in self.names}
         """Consecutive steps in which an agent skipped an update for a non-finite loss or gradient."""
         self.last_metrics: dict[str, float] = {}
+        self.step_metrics: dict[str, float] = {}
+        """This step's scalars, the module's and the callbacks' (clip bounds, weight sync time), written
+        to the loggers in one call at the end of the step (`on_train_batch_end`)."""
 
     # -- optimizers -----------------------------------------------------------------------------
 
@@ -160,10 +163,22 @@ class HACRLModule(pl.LightningModule):
                         "time/exchange": exchange_s, "time/old_logprobs": old_s, "time/update": update_s,
                         "reward/timeouts": dm.reward_pool.stats["timeouts"], "reward/crashes": dm.reward_pool.stats["crashes"]})
         self.last_metrics = metrics
-        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
+        self.step_metrics.update(metrics)
         for name in self.names:
             self.log(f"{name[:8]}_acc", metrics[f"{name}/acc"], prog_bar=True, logger=False,
                      on_step=True, on_epoch=False, batch_size=len(batch))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        """One logger write per step (every `log_every` steps), after the callbacks added theirs.
+
+        Lightning's `self.log` costs milliseconds per key on CPU (a torchmetrics state per key),
+        which at ~30 keys per agent was about a tenth of a tiny-model step (docs/PERFORMANCE.md); the
+        loggers get the same scalars at the same step (Lightning's `_batches_that_stepped`)."""
+        metrics, self.step_metrics = self.step_metrics, {}
+        every = self.trainer.log_every_n_steps
+        if metrics and every and self.steps_done % every == 0:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=self.steps_done - 1)
 
     # -- pieces of the step -----------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
     python scripts/bench.py rollout [--agents tiny_a,tiny_b,tiny_c] [--prompts 16] [--group 8]
                                     [--max-new-tokens 24] [--repeats 3] [--backend hf|vllm|all]
+    python scripts/bench.py step [--n 2,3,4] [--groups 4,8,16] [--steps 3] [--json bench.json]
 
     python scripts/bench.py rewards [--items 1000] [--adversarial 10] [--workers 1 2] [--timeout 2]
 
@@ -10,6 +11,10 @@ synthetic task, with the prompt count, G and lengths printed beside the figures.
 is measured only where vllm and a GPU are present.
 `rewards`: math_verify items/s in-process and through RewardPool with 1 and 2 workers, on ordinary
 answers and on the same mixed with hostile ones (each of those costs a worker the timeout).
+
+`step`: full framework HACPO training steps against a bare PyTorch + transformers loop doing the
+same work (`scripts/bench_step.py`), with the per-phase breakdown, tokens/s, peak RSS, and scaling
+in n and G; figures in docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_step  # noqa: E402
 from hydra_config import compose_config  # noqa: E402
 
 from hacrl_lightning.agents.agent import Agent  # noqa: E402
@@ -167,6 +173,8 @@ def main(argv=None) -> int:
     rewards.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     rewards.add_argument("--timeout", type=float, default=2.0, help="RewardPool per-item timeout (s)")
     rewards.add_argument("--json", default="", help="also write the figures to this JSON file")
+    step = sub.add_parser("step", help="framework HACPO step vs a bare loop: phases, tokens/s, RSS, n and G scaling")
+    bench_step.add_arguments(step)
     args = parser.parse_args(argv)
     if args.command == "rewards":
         result = bench_rewards(args)
@@ -175,6 +183,13 @@ def main(argv=None) -> int:
                                         "items_per_s"])
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    if args.command == "step":
+        result = bench_step.run(args)
+        bench_step.print_report(result)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+            print(f"figures: {args.json}")
         return 0
     result = bench_rollout(args)
     print(f"machine: {result['machine']} | torch {result['torch']}")

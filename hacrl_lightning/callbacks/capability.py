@@ -26,8 +26,7 @@ class CapabilityCallback(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         caps = self.window.capabilities().tolist()
-        pl_module.log_dict({f"{name}/capability": cap for name, cap in zip(self.agent_names, caps)},
-                           on_step=True, on_epoch=False, batch_size=1)
+        pl_module.step_metrics.update({f"{name}/capability": cap for name, cap in zip(self.agent_names, caps)})
 
     def state_dict(self) -> dict[str, Any]:
         return {"window": self.window.state_dict(), "agents": self.agent_names}

@@ -26,5 +26,4 @@ class StepwiseClipCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         bounds = self.bounds(pl_module.max_mini_batches())
         pl_module.cross_clip_bounds = bounds
-        pl_module.log_dict({"clip/cross_lower_first": bounds[0], "clip/cross_lower_last": bounds[-1]},
-                           on_step=True, on_epoch=False, batch_size=1)
+        pl_module.step_metrics.update({"clip/cross_lower_first": bounds[0], "clip/cross_lower_last": bounds[-1]})

@@ -30,6 +30,13 @@ class SamplingSettings:
     top_k: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    return_logprobs: bool = True
+    """Fill `Generation.logprobs`. The training step recomputes old log-probs with a forward pass, so
+    the DataModule turns this off: the HF backend then skips keeping a [batch, vocab] score tensor per
+    generated token (docs/PERFORMANCE.md)."""
+    min_new_tokens: int = 0
+    """Stop tokens are masked until this many tokens are out (0: off). The benchmark sets it to
+    `max_new_tokens` so that two paths generate exactly the same number of tokens."""
 
     @property
     def greedy(self) -> bool:
@@ -41,7 +48,8 @@ class Generation:
     """One sampled response, in the generating agent's token space.
 
     `token_ids` include the terminal stop token when `finish_reason == "stop"`; `logprobs[t]` is the
-    engine's log-probability of `token_ids[t]` under the sampling distribution (temperature applied).
+    engine's log-probability of `token_ids[t]` under the sampling distribution (temperature applied);
+    empty when the settings said `return_logprobs=False`.
     """
 
     token_ids: list[int]

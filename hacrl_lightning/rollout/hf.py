@@ -87,8 +87,10 @@ class HFEngine:
     def _config(self, sampling: SamplingSettings, n: int, stop_ids: list[int]) -> GenerationConfig:
         settings = dict(
             max_new_tokens=sampling.max_new_tokens, num_return_sequences=n, eos_token_id=stop_ids,
-            pad_token_id=self.pad_token_id, return_dict_in_generate=True, output_scores=True,
+            pad_token_id=self.pad_token_id, return_dict_in_generate=True, output_scores=sampling.return_logprobs,
         )
+        if sampling.min_new_tokens:
+            settings["min_new_tokens"] = sampling.min_new_tokens
         if sampling.greedy:
             return GenerationConfig(do_sample=False, **settings)
         return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k,
@@ -114,9 +116,12 @@ class HFEngine:
                 out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                           generation_config=config, synced_gpus=synced)
                 new_tokens = out.sequences[:, input_ids.shape[1]:]                       # [c*n, L]
-                logprobs = self.model.compute_transition_scores(
-                    out.sequences, out.scores, normalize_logits=True)                    # [c*n, L]
-                new_tokens, logprobs = new_tokens.tolist(), logprobs.float().tolist()
+                if sampling.return_logprobs:
+                    logprobs = self.model.compute_transition_scores(
+                        out.sequences, out.scores, normalize_logits=True).float().tolist()  # [c*n, L]
+                else:
+                    logprobs = [[] for _ in range(new_tokens.shape[0])]
+                new_tokens = new_tokens.tolist()
                 results += [split_response(tokens, lps, stop_set, sampling.max_new_tokens)
                             for tokens, lps in zip(new_tokens, logprobs)]
         return results

@@ -40,7 +40,7 @@ def require_vllm():
 
 def sampling_params_kwargs(sampling: SamplingSettings, stop_token_ids: Sequence[int]) -> dict[str, Any]:
     """SamplingSettings -> `vllm.SamplingParams` keywords, 1:1 (greedy is temperature 0 in both)."""
-    return dict(
+    kwargs = dict(
         n=sampling.n,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
@@ -52,6 +52,11 @@ def sampling_params_kwargs(sampling: SamplingSettings, stop_token_ids: Sequence[
         detokenize=False,         # engines speak token ids
         ignore_eos=False,
     )
+    if sampling.min_new_tokens:
+        kwargs["min_tokens"] = sampling.min_new_tokens
+    if not sampling.return_logprobs:
+        kwargs["logprobs"] = None
+    return kwargs
 
 
 def to_generations(request_outputs: Iterable[Any], stop_token_ids: Sequence[int]) -> list[Generation]:
@@ -65,12 +70,14 @@ def to_generations(request_outputs: Iterable[Any], stop_token_ids: Sequence[int]
     for request in request_outputs:
         for completion in request.outputs:
             ids = list(completion.token_ids)
+            wanted = completion.logprobs is not None
             logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids)]
             reason = "stop" if completion.finish_reason == "stop" else "length"
             stop_token = getattr(completion, "stop_reason", None)
             if reason == "stop" and (not ids or ids[-1] not in stop_set) and isinstance(stop_token, int):
                 ids.append(stop_token)
-                logprobs.append(0.0)  # not reported by vLLM for an excluded stop token
+                if wanted:
+                    logprobs.append(0.0)  # not reported by vLLM for an excluded stop token
             generations.append(Generation(ids, reason, logprobs))
     return generations
 

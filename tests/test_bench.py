@@ -1,0 +1,113 @@
+"""The step benchmark in a tiny mode, fixed-length sampling, and one logger write per training step.
+
+No timing is asserted: the benchmark's figures must exist and be positive, and its two paths must
+do the same work (equal token counts on the first step, which both start from the same weights).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from hydra_config import compose_config  # noqa: E402
+
+PHASES = ("rollout", "reward", "exchange", "old_logprobs", "update", "weight_sync", "logging")
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory, zoo_cache) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench.py"), "step", "--agents", "tiny_a,tiny_b", "--n", "2",
+         "--groups", "2", "--prompts", "2", "--steps", "2", "--warmup", "1", "--headline-repeats", "1",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "framework_over_bare" in result.stdout and "logging" in result.stdout
+    return json.loads(out.read_text())
+
+
+def test_bench_json_has_the_headline_figures(bench):
+    assert bench["framework_over_bare"] > 0 and bench["framework_over_bare_wall"] > 0
+    assert set(bench["phase_share"]) == set(PHASES)
+    assert all(share >= 0 for share in bench["phase_share"].values())
+    assert sum(bench["phase_share"].values()) == pytest.approx(1.0)
+    assert bench["reward_plus_exchange_share"] > 0
+    assert bench["headline"] == {"n": 2, "G": 2}
+
+
+def test_bench_config_rows_are_positive_and_the_paths_do_the_same_work(bench):
+    (row,) = bench["configs"]
+    assert (row["n"], row["G"], row["prompts"], row["steps_timed"]) == (2, 2, 2, 2)
+    for key in ("framework_step_s", "bare_step_s", "framework_cpu_s", "bare_cpu_s", "rollout_tokens_per_s",
+                "trained_tokens_per_s", "bare_rollout_tokens_per_s", "bare_trained_tokens_per_s", "max_rss_mb",
+                "bare_max_rss_mb", "weights_mb"):
+        assert row[key] > 0, key
+    for phase in ("rollout", "reward", "exchange", "old_logprobs", "update", "logging"):
+        assert row["phase_s"][phase] > 0, phase
+        assert row["peak_rss_mb"][phase] > row["weights_mb"], phase
+    # every response is exactly max_response_len = 24 tokens: n * P * G * 24 in both paths
+    assert row["rollout_tokens"] == row["bare_rollout_tokens"] == 2 * 2 * 2 * 24
+    first = row["first_step_tokens"]
+    assert first["framework"] == first["bare"]  # same weights, prompts and seeds -> the same texts
+    # every learner trains on every response: own ones at 24 tokens, partners' retokenized
+    assert first["framework"]["trained_tokens"] > 2 * 2 * 2 * 24
+    assert row["reference_copies"] == 0 and row["stray_weight_copies"] == []  # kl_coef = 0: no frozen copy
+
+
+def test_min_new_tokens_forces_full_length_responses(zoo_agents):
+    from hacrl_lightning.rollout.engine import SamplingSettings, make_engine
+
+    agent = zoo_agents["tiny_b"]
+    engine = make_engine("hf", agent.model, eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id)
+    prompts = agent.encode_prompts(["1+1=?", "12+30=?"])
+    free = engine.generate(prompts, SamplingSettings(max_new_tokens=16, n=4, seed=0))
+    fixed = engine.generate(prompts, SamplingSettings(max_new_tokens=16, n=4, seed=0, min_new_tokens=16))
+    assert any(g.finish_reason == "stop" for g in free)  # the warm-started agent does end answers
+    assert [len(g.token_ids) for g in fixed] == [16] * 8
+    assert {g.finish_reason for g in fixed} == {"length"}
+    assert not any(t in agent.eos_token_ids for g in fixed for t in g.token_ids)
+
+
+def test_engine_log_probs_can_be_skipped_without_changing_the_tokens(zoo_agents):
+    from hacrl_lightning.rollout.engine import SamplingSettings, make_engine
+    from hacrl_lightning.rollout.vllm import sampling_params_kwargs
+
+    agent = zoo_agents["tiny_a"]
+    engine = make_engine("hf", agent.model, eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id)
+    prompts = agent.encode_prompts(["3+4=?", "25+17=?"])
+    settings = SamplingSettings(max_new_tokens=12, n=3, seed=5)
+    full = engine.generate(prompts, settings)
+    bare = engine.generate(prompts, replace(settings, return_logprobs=False))
+    assert [g.token_ids for g in bare] == [g.token_ids for g in full]
+    assert [g.finish_reason for g in bare] == [g.finish_reason for g in full]
+    assert all(len(g.logprobs) == len(g.token_ids) for g in full) and all(g.logprobs == [] for g in bare)
+    kwargs = sampling_params_kwargs(replace(settings, return_logprobs=False, min_new_tokens=12), stop_token_ids=[2])
+    assert kwargs["logprobs"] is None and kwargs["min_tokens"] == 12 and kwargs["max_tokens"] == 12
+
+
+def test_each_step_is_written_to_the_logger_once_with_the_callbacks_scalars(tmp_path, zoo_cache):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hacrl_lightning.training import train
+
+    cfg, _ = compose_config([
+        "trainer.steps=3", "trainer.log_every=1", "data.prompts_per_step=2", "trainer.mini_batch_prompts=2",
+        "rollout.group_size=2", "trainer.eval_every=0", "data.eval_size=4", "trainer.export_agents=false",
+        f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"])
+    train(cfg)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard")).Reload()
+    tags = set(events.Tags()["scalars"])
+    step_tags = {"time/weight_sync", "clip/cross_lower_first", "clip/cross_lower_last", "tiny_a/capability",
+                 "tiny_b/capability", "tiny_a/loss/total", "time/update"}
+    assert step_tags <= tags, step_tags - tags
+    for tag in step_tags:
+        assert [e.step for e in events.Scalars(tag)] == [0, 1, 2], tag
+    assert events.Scalars("clip/cross_lower_first")[0].value == pytest.approx(0.8)  # 1 - delta
