@@ -11,8 +11,8 @@ passes, advantages and optimizer steps (the module), and the math of retokenizat
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import lightning.pytorch as pl
