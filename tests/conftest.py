@@ -82,3 +82,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def save_lossy_wordpiece(directory: Path, words: list[str]) -> Path:
+    """Save a WordPiece tokenizer over `words` + digits: it drops spaces, so it cannot round-trip text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["[UNK]", "[PAD]", "[SEP]", *words, *"0123456789"])}
+    raw = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    raw.decoder = decoders.WordPiece()
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]",
+                            chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}").save_pretrained(directory)
+    return directory

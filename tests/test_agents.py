@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hacrl_lightning.agents import Agent, AgentLoadError, LossyTokenizerError
 from hacrl_lightning.agents.zoo import greedy_responses
 from hacrl_lightning.config import AgentConfig, DataConfig
 from hacrl_lightning.data import synthetic_examples
 
-from conftest import agent_preset
+from conftest import agent_preset, save_lossy_wordpiece
 
 QUESTIONS = [ex.prompt for ex in synthetic_examples(DataConfig(), "eval", 6)]
 
@@ -159,14 +158,7 @@ def test_bad_sources_are_named(model, match):
 
 
 def test_a_lossy_tokenizer_is_refused_with_an_example(exported, tmp_path):
-    vocab = {t: i for i, t in enumerate(["[UNK]", "[PAD]", "[SEP]", "\\", "boxed", "{", "}", "answer", "is",
-                                          "##ed", *"0123456789"])}
-    raw = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    raw.decoder = decoders.WordPiece()
-    wordpiece = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]",
-                                        chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    wordpiece.save_pretrained(tmp_path / "wordpiece")
+    save_lossy_wordpiece(tmp_path / "wordpiece", ["\\", "boxed", "{", "}", "answer", "is", "##ed"])
     cfg = AgentConfig(model=str(exported), tokenizer=str(tmp_path / "wordpiece"))
     with pytest.raises(LossyTokenizerError) as info:
         Agent.load("wp", cfg, check_texts=["answer is \\boxed{19}"])

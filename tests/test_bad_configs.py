@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM
 
+from conftest import save_lossy_wordpiece
 from hacrl_lightning.agents import zoo
 from hacrl_lightning.config import ConfigError
 
@@ -32,14 +32,7 @@ def files(tmp_path_factory, zoo_cache) -> dict[str, Path]:
     for name in ("tiny_a", "tiny_b"):
         zoo.ensure_built(name, cache_dir=zoo_cache)
     root = tmp_path_factory.mktemp("bad_configs")
-    vocab = {t: i for i, t in enumerate(["[UNK]", "[PAD]", "[SEP]", "\\", "boxed", "{", "}", "what", "is",
-                                         "?", "+", *"0123456789"])}
-    raw = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    raw.decoder = decoders.WordPiece()
-    wordpiece = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]",
-                                        chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    wordpiece.save_pretrained(root / "wordpiece")
+    save_lossy_wordpiece(root / "wordpiece", ["\\", "boxed", "{", "}", "what", "is", "?", "+"])
     (root / "empty").mkdir()
     return {"lossy": root / "wordpiece", "empty": root / "empty", "missing": root / "no_such_model",
             "run": root / "run_without_checkpoints", "zoo": zoo_cache}
