@@ -95,14 +95,17 @@ class ResumableLoader(DataLoader):
 
 @dataclass
 class StepRollouts:
-    """One step's responses: `rollouts[(p * n + j) * G + i]` is sample i of agent j on prompt p,
-    and `rewards[p, j, i]` its reward."""
+    """One step's responses over the global batch (every rank's prompts, in rank order):
+    `rollouts[(p * n + j) * G + i]` is sample i of agent j on prompt p, and `rewards[p, j, i]` its reward."""
 
     examples: list[Example]
     rollouts: list[Rollout]
     rewards: torch.Tensor                      # [P, n, G]
     group_size: int
     timings: dict[str, float] = field(default_factory=dict)
+    """This rank's seconds of generation and scoring."""
+    reward_stats: dict[str, int] = field(default_factory=dict)
+    """The reward pool's counters (timeouts, crashes) summed over ranks."""
 
 
 class RolloutDataModule(pl.LightningDataModule):
@@ -170,7 +173,8 @@ class RolloutDataModule(pl.LightningDataModule):
         return out
 
     def rollout(self, examples: Sequence[Example], *, step: int) -> StepRollouts:
-        """Generate G responses per prompt with every agent's current weights, decode, and score once."""
+        """Generate G responses per prompt with every agent's current weights, decode, and score once;
+        each rank does its own prompts, and every rank gets the whole step back."""
         examples, group, n = list(examples), self.group_size, len(self.names)
         start = time.perf_counter()
         generations = self.generate(examples, step=step, n=group)
@@ -183,9 +187,28 @@ class RolloutDataModule(pl.LightningDataModule):
         golds = [examples[idx // (n * group)].gold for idx in range(len(rollouts))]
         for rollout, reward in zip(rollouts, self.reward_pool.score([r.response for r in rollouts], golds)):
             rollout.reward = reward
-        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32).view(len(examples), n, group)
         reward_s = time.perf_counter() - start
-        return StepRollouts(examples, rollouts, rewards, group, {"rollout": rollout_s, "reward": reward_s})
+        examples, rollouts, reward_stats = self._gather(examples, rollouts)
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32).view(len(examples), n, group)
+        return StepRollouts(examples, rollouts, rewards, group, {"rollout": rollout_s, "reward": reward_s},
+                            reward_stats)
+
+    def _gather(self, examples: list[Example], rollouts: list[Rollout]):
+        """Every rank's prompts and scored rollouts, in rank order (= the global batch's prompt order,
+        `StepBatchSampler`), and the reward pool's counters summed over ranks: each rank then holds
+        the whole step, so the step plan is global (`hacrl_lightning.plan`)."""
+        stats = dict(self.reward_pool.stats)
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1:
+            return examples, rollouts, stats
+        import torch.distributed as dist
+
+        shares: list = [None] * trainer.world_size
+        dist.all_gather_object(shares, (examples, rollouts, stats))
+        examples = [example for share in shares for example in share[0]]
+        rollouts = [rollout for share in shares for rollout in share[1]]
+        stats = {key: sum(share[2].get(key, 0) for share in shares) for key in stats}
+        return examples, rollouts, stats
 
     # -- held-out evaluation ------------------------------------------------------------------------
 

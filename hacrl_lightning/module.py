@@ -25,9 +25,10 @@ from torch import nn
 
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.agents.exchange import AgentView, view_for
-from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, select_cross_samples, step_accuracy
+from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, step_accuracy
 from hacrl_lightning.config import TrainConfig, parse_cross_samples
 from hacrl_lightning.datamodule import StepRollouts, step_seed
+from hacrl_lightning.plan import StepPlan, learner_order
 
 
 class NonFiniteError(RuntimeError):
@@ -37,6 +38,65 @@ class NonFiniteError(RuntimeError):
 
 def _detach_mean(values: list[torch.Tensor]) -> float:
     return float(torch.stack([v.float() for v in values]).mean()) if values else float("nan")
+
+
+class _MetricSums:
+    """The loss metrics of one step, kept as sums so that they reduce exactly over micro-batches and
+    ranks: a rate is a weighted mean over the responses (or tokens) it describes, `_min`/`_max` reduce
+    by min/max, counts add up, and a loss is the mean over mini-batches of the mini-batch loss (the sum
+    of its micro-batch and rank parts). So a logged rate is the global one, the same on 1 or 8 ranks."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list] = {}     # key -> [kind, value, weight]
+        self.mini_batches: dict[str, int] = {}
+
+    def _add(self, key: str, kind: str, value: float, weight: float = 1.0) -> None:
+        entry = self.parts.setdefault(key, [kind, None, 0.0])
+        if kind == "min":
+            entry[1] = value if entry[1] is None else min(entry[1], value)
+        elif kind == "max":
+            entry[1] = value if entry[1] is None else max(entry[1], value)
+        else:
+            entry[1] = (entry[1] or 0.0) + value * weight
+        entry[2] += weight
+
+    def add_loss_metrics(self, agent: str, metrics: dict[str, torch.Tensor], *, own_weight=None) -> None:
+        """One micro-batch's `hacpo_loss` metrics; `own_weight` counts the tokens own-response rates were
+        taken over (token-level ratios), else they are per own response (`count/self`)."""
+        weights = {"self": float(metrics["count/self"] if own_weight is None else own_weight),
+                   "cross": float(metrics["count/cross"])}
+        for key, value in metrics.items():
+            value = float(value)
+            full = f"{agent}/{key}"
+            if key.startswith(("loss/", "count/")):
+                self._add(full, "sum", value)
+            elif key.endswith(("_min", "_max")):
+                self._add(full, key[-3:], value)
+            else:
+                self._add(full, "mean", value, weights["cross" if "cross" in key else "self"])
+
+    def reduce(self, gather) -> dict[str, float]:
+        """Combine every rank's sums (`gather(obj)` returns all ranks' objects) into the step's metrics."""
+        merged: dict[str, list] = {}
+        combine = {"min": min, "max": max}
+        for parts in gather(self.parts):
+            for key, (kind, value, weight) in parts.items():
+                if key not in merged:
+                    merged[key] = [kind, value, weight]
+                    continue
+                entry = merged[key]
+                entry[1] = combine.get(kind, lambda a, b: a + b)(entry[1], value)
+                entry[2] += weight
+        out = {}
+        for key, (kind, value, weight) in merged.items():
+            agent = key.split("/", 1)[0]
+            if kind == "mean":
+                out[key] = value / weight if weight else float("nan")
+            elif key.startswith(f"{agent}/loss/"):
+                out[key] = value / max(1, self.mini_batches.get(agent, 1))
+            else:
+                out[key] = value
+        return out
 
 
 class HACRLModule(pl.LightningModule):
@@ -104,13 +164,12 @@ class HACRLModule(pl.LightningModule):
         return (self.cfg.trainer.mini_batch_prompts // mult) * self.cfg.rollout.group_size * mult
 
     def max_mini_batches(self) -> int:
-        """Mini-batches per learner per step (n·P/mini_batch_prompts for HACPO, HACPO_SPEC §7)."""
-        world = self.trainer.world_size if self._trainer is not None else 1
+        """Mini-batches per learner per step (n·P/mini_batch_prompts for HACPO, HACPO_SPEC §7), P the global batch."""
         group = self.cfg.rollout.group_size * self.alg.rollout_multiplier
         per_prompt = group * (len(self.names) if self.alg.share_rollouts else 1)
         if self.alg.share_rollouts and self.cross_cap is not None:
             per_prompt = group + min(self.cross_cap, group * (len(self.names) - 1))
-        samples = self.cfg.data.prompts_per_step // world * per_prompt
+        samples = self.cfg.data.prompts_per_step * per_prompt  # the global batch, whatever the world size
         return max(1, math.ceil(samples / self.mini_batch_samples()))
 
     # -- the step -------------------------------------------------------------------------------
@@ -124,35 +183,38 @@ class HACRLModule(pl.LightningModule):
         step = self.steps_done
         dm = self.trainer.datamodule
 
-        # 1-3. rollouts from the current weights, one reward each
+        # 1-3. rollouts from the current weights, one reward each; every rank gets the global batch
         rolled: StepRollouts = dm.rollout(batch, step=step)
         for name in self.names:
-            self.counters[name]["rollouts_generated"] += len(batch) * rolled.group_size
+            self.counters[name]["rollouts_generated"] += len(rolled.examples) * rolled.group_size
 
         # 4. capability window over the global batch, omega
-        acc = self._global_mean(step_accuracy(rolled.rewards), weight=rolled.rewards.shape[0])
+        acc = step_accuracy(rolled.rewards)                                                 # [n]
         self.capability.update(acc)
         omega = self.capability.omega()                                                    # [n, n]
 
-        # 5-6a. each learner's view; each source's old log-probs on its own responses, shared
+        # 5-6a. each learner's view and its global plan; each source's old log-probs on its own responses
         start = time.perf_counter()
         prompt_ids = [example.prompt_id for example in rolled.examples]
-        views = {}
-        for name in self.names:
+        views, plans = {}, {}
+        for k, name in enumerate(self.names):
             rollouts = rolled.rollouts if self.alg.share_rollouts else [r for r in rolled.rollouts if r.source == name]
             views[name] = view_for(self.agents[name], rollouts, sources=self.names, prompt_ids=prompt_ids)
+            plans[name] = self._plan(views[name], k, step)
         exchange_s = time.perf_counter() - start
         start = time.perf_counter()
-        old_tokens, ref_tokens = self._old_logprobs(views, rolled.rewards.shape)  # {k: [B, T]}
+        old_tokens, ref_tokens = self._old_logprobs(views, plans, rolled.rewards.shape)  # {k: [B, T]}
         old_s = time.perf_counter() - start
 
         # 6b-c. advantages from each learner's view, then its mini-batches
         advantages = compute_advantages(rolled.rewards, omega, self.alg)                   # [n, P, n, G]
         start = time.perf_counter()
+        sums = _MetricSums()
         metrics: dict[str, float] = {}
         for k, name in enumerate(self.names):
-            metrics.update(self._update_learner(k, name, views[name], advantages[k], old_tokens[name],
-                                                ref_tokens.get(name), omega, step))
+            metrics.update(self._update_learner(k, name, views[name], plans[name], advantages[k], old_tokens[name],
+                                                ref_tokens.get(name), omega, sums))
+        metrics.update(sums.reduce(self._gather_objects))
         update_s = time.perf_counter() - start
 
         # 7. weight sync runs in WeightSyncCallback; metrics
@@ -161,7 +223,8 @@ class HACRLModule(pl.LightningModule):
         metrics.update(self._view_metrics(views))
         metrics.update({"time/rollout": rolled.timings["rollout"], "time/reward": rolled.timings["reward"],
                         "time/exchange": exchange_s, "time/old_logprobs": old_s, "time/update": update_s,
-                        "reward/timeouts": dm.reward_pool.stats["timeouts"], "reward/crashes": dm.reward_pool.stats["crashes"]})
+                        "reward/timeouts": rolled.reward_stats.get("timeouts", 0),
+                        "reward/crashes": rolled.reward_stats.get("crashes", 0)})
         self.last_metrics = metrics
         self.step_metrics.update(metrics)
         for name in self.names:
@@ -182,13 +245,29 @@ class HACRLModule(pl.LightningModule):
 
     # -- pieces of the step -----------------------------------------------------------------------
 
+    @property
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self._trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _plan(self, view: AgentView, k: int, step: int) -> StepPlan:
+        """Learner k's mini-batches over the global batch (`hacrl_lightning.plan`): own rows first, then
+        partners' in agent order, shuffled within each part by a generator seeded with (seed, step, k),
+        so every rank builds the same plan."""
+        generator = torch.Generator().manual_seed(step_seed(self.cfg.seed, step, salt=31 + k))
+        order = learner_order(view.is_own, view.source_idx, view.prompt_idx, learner=k, cross_cap=self.cross_cap,
+                              generator=generator)
+        rank, world = self._rank_world
+        return StepPlan.build(order, mini_batch_size=self.mini_batch_samples(), rank=rank, world=world)
+
     @torch.no_grad()
-    def _old_logprobs(self, views: dict[str, AgentView], shape: torch.Size):
+    def _old_logprobs(self, views: dict[str, AgentView], plans: dict[str, StepPlan], shape: torch.Size):
         """One forward pass per source over its own responses, before any update (HACPO_SPEC §5
-        Decision). Each response's mean old log-prob goes into every learner's view
-        (`view.old_logprob_mean`, shared, in the source's tokenization); returned per learner are the
-        per-token old (and reference) log-probs of its own rows [B, T] (zero on cross rows), which
-        the token-level loss and the KL use."""
+        Decision). Each rank scores the own rows it will train on (its shares of the source's own
+        mini-batches); the per-response means are summed over ranks into a [P, n, G] table and go
+        into every learner's view (`view.old_logprob_mean`, in the source's tokenization). Returned
+        per learner are the per-token old (and reference) log-probs of this rank's own rows [B, T]
+        (zero elsewhere), which the token-level loss and the KL use."""
         table = torch.zeros(shape)                                                          # [P, n, G]
         old_tokens, ref_tokens = {}, {}
         for j, name in enumerate(self.names):
@@ -196,54 +275,53 @@ class HACRLModule(pl.LightningModule):
             old_tokens[name] = torch.zeros(view.input_ids.shape)                            # [B, T]
             if name in self.references:
                 ref_tokens[name] = torch.zeros(view.input_ids.shape)
-            for rows in torch.nonzero(view.is_own).flatten().split(self.cfg.trainer.micro_batch_size):
-                micro = view.select(rows).to(self.device)
+            for rows in plans[name].micro_batches_where(view.is_own, self.cfg.trainer.micro_batch_size):
+                dummy = len(rows) == 0  # this rank has fewer rows: a forward all the same (FSDP collectives)
+                micro = view.select(torch.nonzero(view.is_own).flatten()[:1] if dummy else rows).to(self.device)
                 logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
+                ref = None
+                if name in self.references:
+                    ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask,
+                                                               temperature=agent.cfg.temperature)
+                if dummy:
+                    continue
                 mask = micro.loss_mask
                 old_tokens[name][rows, : logp.shape[1]] = logp.float().cpu()
                 means = ((logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)).float().cpu()
                 table[view.prompt_idx[rows], j, view.sample_idx[rows]] = means
-                if name in self.references:
-                    ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask,
-                                                               temperature=agent.cfg.temperature)
+                if ref is not None:
                     ref_tokens[name][rows, : ref.shape[1]] = ref.float().cpu()
+        table = self._sum_over_ranks(table)  # each response was scored on exactly one rank
         for view in views.values():
             view.old_logprob_mean = table[view.prompt_idx, view.source_idx, view.sample_idx]  # [B]
         return old_tokens, ref_tokens
 
-    def _order(self, view: AgentView, k: int, step: int) -> torch.Tensor:
-        """Row order for learner k: own responses first, then partners' in agent order (HACPO_SPEC §6
-        Decision), each part shuffled with a seeded generator; cross rows capped per prompt if asked."""
-        generator = torch.Generator().manual_seed(step_seed(self.cfg.seed, step, salt=31 + k))
-        own = torch.nonzero(view.is_own).flatten()
-        cross_mask = ~view.is_own
-        if self.cross_cap is not None:
-            cross_mask = cross_mask & select_cross_samples(view.source_idx, view.prompt_idx, learner=k,
-                                                           per_prompt=self.cross_cap, generator=generator)
-        cross = torch.nonzero(cross_mask).flatten()
-        own = own[torch.randperm(len(own), generator=generator)]
-        cross = cross[torch.randperm(len(cross), generator=generator)]
-        cross = cross[torch.argsort(view.source_idx[cross], stable=True)]  # partners in agent order
-        return torch.cat([own, cross])
+    def _update_learner(self, k: int, name: str, view: AgentView, plan: StepPlan, adv_k: torch.Tensor,
+                        old_tokens: torch.Tensor, ref_tokens: torch.Tensor | None, omega: torch.Tensor,
+                        sums: "_MetricSums") -> dict[str, float]:
+        """All mini-batch updates of learner k in this step; returns its metrics that need no reduction
+        over ranks and adds the others to `sums`.
 
-    def _update_learner(self, k: int, name: str, view: AgentView, adv_k: torch.Tensor, old_tokens: torch.Tensor, ref_tokens: torch.Tensor | None, omega: torch.Tensor,
-                        step: int) -> dict[str, float]:
-        """All mini-batch updates of learner k in this step; returns its metrics."""
+        Each mini-batch is normalised over the *global* mini-batch (its sequences, or its tokens for
+        token-mean), and this rank's loss is scaled by the world size because FSDP averages gradients
+        over ranks: the update equals the one a single device makes on the whole mini-batch."""
         agent = self.agents[name]
         opts, scheds = self._optimizers()
         opt, sched = opts[name], scheds[name]
-        order = self._order(view, k, step)
+        _, world = self._rank_world
         advantages = adv_k[view.prompt_idx, view.source_idx, view.sample_idx]              # [B]
         omega_factor = omega[view.source_idx, k]                                            # [B]  omega[j, k]
-        collected = defaultdict(list)
+        token_level = self.alg.ratio_level == "token"
         grad_norms, skipped = [], []
-        for m, mini in enumerate(order.split(self.mini_batch_samples())):
+        for m, mini in enumerate(plan.mini_batches):
             opt.zero_grad(set_to_none=True)
             finite_loss = torch.ones((), dtype=torch.bool, device=self.device)
-            total_tokens = view.loss_mask[mini].sum().clamp(min=1)
+            total_tokens = view.loss_mask[mini].sum().clamp(min=1)                          # global mini-batch
             total_seqs = torch.tensor(float(len(mini)))
             lower = self.cross_clip_bounds[m] if self.cross_clip_bounds and m < len(self.cross_clip_bounds) else None
-            for rows in mini.split(self.cfg.trainer.micro_batch_size):
+            for rows in plan.micro_batches(m, self.cfg.trainer.micro_batch_size):
+                dummy = len(rows) == 0  # a zero-weight pass keeps this rank in step with the others (FSDP)
+                rows = mini[:1] if dummy else rows
                 micro = view.select(rows).to(self.device)
                 logp = agent.token_logprobs(micro.input_ids, micro.attention_mask,
                                             temperature=agent.cfg.temperature)              # [b, T]
@@ -259,10 +337,11 @@ class HACRLModule(pl.LightningModule):
                     total_tokens=total_tokens.to(self.device), total_seqs=total_seqs.to(self.device),
                     loss_scale_factor=float(agent.cfg.max_response_len),
                 )
-                self.manual_backward(loss)
+                self.manual_backward(loss * (0.0 if dummy else float(world)))
                 finite_loss &= torch.isfinite(loss.detach())
-                for key, value in metrics.items():
-                    collected[key].append(value)
+                if not dummy:
+                    own_tokens = (micro.loss_mask & micro.is_own[:, None]).sum() if token_level else None
+                    sums.add_loss_metrics(name, metrics, own_weight=own_tokens)
             grad_norm = self._clip(agent)
             if not self._finite_on_every_rank(finite_loss & torch.isfinite(grad_norm)):  # one sync per mini-batch
                 opt.zero_grad(set_to_none=True)  # skip: weights, optimizer state and LR schedule stay as they were
@@ -272,12 +351,12 @@ class HACRLModule(pl.LightningModule):
             opt.step()
             sched.step()
             self.counters[name]["optimizer_updates"] += 1
+        order = plan.rows
         self.counters[name]["responses_trained"] += len(order)
-        self._count_faults(name, step, skipped)
-        out = {f"{name}/{key}": _detach_mean(values) for key, values in collected.items()}
-        out[f"{name}/grad_norm"] = _detach_mean(grad_norms)
-        out[f"{name}/updates"] = float(len(grad_norms))
-        out[f"{name}/skipped_updates"] = float(len(skipped))
+        self._count_faults(name, self.steps_done, skipped)
+        out = {f"{name}/grad_norm": _detach_mean(grad_norms), f"{name}/updates": float(len(grad_norms)),
+               f"{name}/skipped_updates": float(len(skipped)), f"{name}/mini_batches": float(len(plan))}
+        sums.mini_batches[name] = len(plan)
         out[f"{name}/degenerate/zero_adv_frac"] = float((advantages[order] == 0).float().mean()) if len(order) else 0.0
         return out
 
@@ -310,13 +389,25 @@ class HACRLModule(pl.LightningModule):
         norm = torch.nn.utils.clip_grad_norm_(agent.parameters(), max_norm)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
-    def _global_mean(self, values: torch.Tensor, *, weight: int) -> torch.Tensor:
-        """Mean over every rank's share of the batch (weighted by each rank's prompt count)."""
-        if self.trainer.world_size == 1:
+    def _sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum of `values` over data-parallel ranks (a copy on this rank's device and back)."""
+        if self._rank_world[1] == 1:
             return values
-        total = self.all_gather(values.to(self.device) * weight).sum(0)
-        count = self.all_gather(torch.tensor(float(weight), device=self.device)).sum()
-        return (total / count).cpu()
+        import torch.distributed as dist
+
+        total = values.to(self.device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total.to(values.device)
+
+    def _gather_objects(self, value) -> list:
+        """`value` from every rank, in rank order (one collective)."""
+        if self._rank_world[1] == 1:
+            return [value]
+        import torch.distributed as dist
+
+        out: list = [None] * self._rank_world[1]
+        dist.all_gather_object(out, value)
+        return out
 
     def _rollout_metrics(self, rolled: StepRollouts, acc: torch.Tensor, omega: torch.Tensor) -> dict[str, float]:
         metrics = {}

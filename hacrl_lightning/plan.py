@@ -1,0 +1,100 @@
+"""The global plan of one training step: each learner's mini-batches, their order and index m, and each rank's share.
+
+HACPO_SPEC §6-7: a learner trains on its own responses first, then each partner's in agent order,
+split into mini-batches of `mini_batch_size` responses; m is the index of the mini-batch (the
+stepwise clip reads it). All of that is a property of the *global* batch: every rank holds the
+whole step's rollouts (the DataModule gathers them), builds the same plan from the same seed, and
+trains on its slice of every mini-batch. So the number of updates, the m sequence and the members
+of each mini-batch are the same on 1 rank or 8 (docs/training.md, "The global step plan").
+
+Under FSDP every forward pass is a collective, so every rank must run the same number of micro-batches
+for each mini-batch even when the slices differ by a row: `StepPlan.micro_batches` pads a shorter
+rank's list with empty micro-batches, which the trainer runs as a zero-weight forward/backward.
+
+Deliberately not here: forward passes, losses and optimizer steps (the module), and which rows a
+learner sees (the exchange builds its view).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from hacrl_lightning.algorithms import select_cross_samples
+
+__all__ = ["StepPlan", "learner_order", "split_even"]
+
+
+def learner_order(is_own: Tensor, source_idx: Tensor, prompt_idx: Tensor, *, learner: int,
+                  cross_cap: Optional[int], generator: torch.Generator) -> Tensor:
+    """Row order of one learner's view: own rows first, then partners' in agent order (HACPO_SPEC §6
+    Decision), each part shuffled with `generator`; with `cross_cap`, at most that many partner rows
+    per prompt (`select_cross_samples`). is_own, source_idx, prompt_idx: [B]. Returns row indices [R]."""
+    own = torch.nonzero(is_own).flatten()
+    cross_mask = ~is_own
+    if cross_cap is not None:
+        cross_mask = cross_mask & select_cross_samples(source_idx, prompt_idx, learner=learner,
+                                                       per_prompt=cross_cap, generator=generator)
+    cross = torch.nonzero(cross_mask).flatten()
+    own = own[torch.randperm(len(own), generator=generator)]
+    cross = cross[torch.randperm(len(cross), generator=generator)]
+    cross = cross[torch.argsort(source_idx[cross], stable=True)]  # partners in agent order
+    return torch.cat([own, cross])
+
+
+def split_even(rows: Tensor, parts: int) -> list[Tensor]:
+    """`rows` in `parts` contiguous pieces whose sizes differ by at most one (the first ones larger)."""
+    return list(torch.tensor_split(rows, parts))
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One learner's mini-batches over the global batch (`mini_batches[m]`: global row indices, in
+    training order), seen from `rank` of `world` data-parallel ranks."""
+
+    mini_batches: tuple[Tensor, ...]
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def build(cls, order: Tensor, *, mini_batch_size: int, rank: int = 0, world: int = 1) -> "StepPlan":
+        if mini_batch_size < 1:
+            raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not in [0, {world})")
+        return cls(tuple(order.split(mini_batch_size)), rank, world)
+
+    def __len__(self) -> int:
+        return len(self.mini_batches)
+
+    @property
+    def rows(self) -> Tensor:
+        """Every row the learner trains on this step, in order (all ranks)."""
+        return torch.cat(self.mini_batches) if self.mini_batches else torch.zeros(0, dtype=torch.long)
+
+    def share(self, m: int, rank: Optional[int] = None) -> Tensor:
+        """The rows of mini-batch m that `rank` (default: this rank) trains on."""
+        return split_even(self.mini_batches[m], self.world)[self.rank if rank is None else rank]
+
+    def micro_batches(self, m: int, size: int) -> list[Tensor]:
+        """This rank's share of mini-batch m in micro-batches of at most `size` rows; every rank gets
+        the same number of them (a shorter share ends with empty ones)."""
+        count = math.ceil(len(self.share(m, rank=0)) / size)  # rank 0 holds the largest share
+        pieces = list(self.share(m).split(size))
+        return pieces + [self.mini_batches[m][:0]] * (count - len(pieces))
+
+    def rows_where(self, mask: Tensor, rank: Optional[int] = None) -> Tensor:
+        """The rows of all mini-batches that `rank` trains on and where `mask` [B] is True, in order."""
+        shares = [self.share(m, rank) for m in range(len(self))]
+        rows = torch.cat(shares) if shares else torch.zeros(0, dtype=torch.long)
+        return rows[mask[rows]]
+
+    def micro_batches_where(self, mask: Tensor, size: int) -> list[Tensor]:
+        """`rows_where(mask)` of this rank in micro-batches of at most `size`; as many on every rank."""
+        most = max(len(self.rows_where(mask, rank)) for rank in range(self.world))
+        pieces = list(self.rows_where(mask).split(size))
+        return pieces + [mask.new_zeros(0, dtype=torch.long)] * (math.ceil(most / size) - len(pieces))
