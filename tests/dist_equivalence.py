@@ -1,0 +1,132 @@
+"""One training step on 1 rank and on 2 gloo ranks with the same global batch (tests/test_distributed.py).
+
+    python tests/dist_equivalence.py record OUT ZOO_CACHE [CASE ...]     # 1 process, real generation
+    python -m torch.distributed.run --standalone --nproc_per_node=2 \\
+        tests/dist_equivalence.py replay OUT ZOO_CACHE [CASE ...]        # 2 ranks, FSDP2 over gloo
+
+`record` trains each case for one step on one process and saves what the test compares (final
+weights, optimizer updates, the m of every loss call, the capability window, the step's metrics)
+together with every generation the engines made. `replay` runs the same cases on 2 ranks with
+`trainer=fsdp`; the only thing replaced is sampling: `RolloutDataModule.generate` returns the
+recorded token ids of its prompts (sampling draws a different random stream when the batch is
+split over ranks, so without this the two runs would train on different responses). Decoding,
+rewards, the exchange, the gather over ranks, the plan, old log-probs and the updates are all real.
+The ranks come from torch's launcher, so several runs share one process group.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from hydra_config import compose_config  # noqa: E402
+
+import hacrl_lightning.module as module_mod  # noqa: E402
+from hacrl_lightning.datamodule import RolloutDataModule  # noqa: E402
+from hacrl_lightning.training import train  # noqa: E402
+
+SMALL = ["agents=[tiny_a,tiny_b]", "trainer.steps=1", "trainer.eval_every=0", "data.eval_size=2",
+         "trainer.export_agents=false", "trainer.checkpoint_every=0"]
+CASES = {
+    # 9-response mini-batches split 5/4 over 2 ranks, micro-batches of 2: rank 1 pads with a dummy pass
+    "hacpo": ["algorithm=hacpo", "data.prompts_per_step=6", "rollout.group_size=3", "trainer.mini_batch_prompts=3",
+              "trainer.micro_batch_size=2"],
+    "gspo_x2": ["algorithm=gspo_x2", "data.prompts_per_step=4", "rollout.group_size=2",
+                "trainer.mini_batch_prompts=2", "trainer.micro_batch_size=3"],
+    "grpo": ["algorithm=grpo", "data.prompts_per_step=4", "rollout.group_size=2", "trainer.mini_batch_prompts=2",
+             "trainer.micro_batch_size=3"],
+}
+TWO_RANKS = ["trainer.strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]
+
+
+class Record(Callback):
+    """What the test compares, taken at the end of the run (weights gathered from every rank)."""
+
+    def __init__(self):
+        self.result = {}
+
+    def on_train_end(self, trainer, pl_module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        self.result = {
+            "weights": {name: {k: v.detach().float().cpu().clone()
+                               for k, v in get_model_state_dict(agent.model, options=options).items()}
+                        for name, agent in pl_module.agents.items()},
+            "updates": {name: c["optimizer_updates"] for name, c in pl_module.counters.items()},
+            "responses": {name: c["responses_trained"] for name, c in pl_module.counters.items()},
+            "capability": [list(h) for h in pl_module.capability.history],
+            "metrics": dict(pl_module.last_metrics),
+        }
+
+
+def spy_on_m() -> dict:
+    """Record, per learner, the m of every non-dummy loss call (the real loss runs); returns the
+    holder whose `calls` the caller resets for each run."""
+    real_loss, real_update = module_mod.hacpo_loss, module_mod.HACRLModule._update_learner
+    state: dict = {"calls": {}, "name": None}
+
+    def loss_spy(**kwargs):
+        state["calls"].setdefault(state["name"], []).append(kwargs["m"])
+        return real_loss(**kwargs)
+
+    def update_spy(module, k, name, *args, **kwargs):
+        state["name"] = name
+        return real_update(module, k, name, *args, **kwargs)
+
+    module_mod.hacpo_loss = loss_spy
+    module_mod.HACRLModule._update_learner = update_spy
+    return state
+
+
+def use_generations(mode: str, store: dict):
+    """`record`: keep every generation by (step, greedy, n, salt, agent, prompt id); `replay`: answer from them."""
+    real = RolloutDataModule.generate
+
+    def generate(dm, examples, *, step, n, greedy=False, salt=0):
+        keys = [(step, greedy, n, salt, name) for name in dm.agents]
+        if mode == "record":
+            out = real(dm, examples, step=step, n=n, greedy=greedy, salt=salt)
+            for key, name in zip(keys, dm.agents):
+                for p, example in enumerate(examples):
+                    store[(*key, example.prompt_id)] = out[name][p * n : (p + 1) * n]
+            return out
+        return {name: [g for example in examples for g in store[(*key, example.prompt_id)]]
+                for key, name in zip(keys, dm.agents)}
+
+    RolloutDataModule.generate = generate
+
+
+def main() -> None:
+    mode, out, zoo_cache, *cases = sys.argv[1:]
+    torch.set_num_threads(1)
+    out = Path(out)
+    rank = int(os.environ.get("RANK", "0"))
+    store = torch.load(out / "generations.pt", weights_only=False) if mode == "replay" else {}
+    use_generations(mode, store)
+    spy = spy_on_m()
+    results = {}
+    for case in cases or list(CASES):
+        spy["calls"] = calls = {}
+        record = Record()
+        overrides = [*SMALL, *CASES[case], *(TWO_RANKS if mode == "replay" else []),
+                     f"zoo_cache={zoo_cache}", f"run_dir={out / mode / case}"]
+        cfg, _ = compose_config(overrides)
+        train(cfg, extra_callbacks=[record])
+        results[case] = {**record.result, "m": calls}
+    if rank == 0:
+        torch.save(results, out / f"{mode}.pt")
+        if mode == "record":
+            torch.save(store, out / "generations.pt")
+    print(f"EQUIVALENCE-DONE rank={rank} mode={mode}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
