@@ -32,7 +32,9 @@ class AgentConfig:
     """Tokenizer source when it differs from `model` (same forms as `model`)."""
     revision: Optional[str] = None
     dtype: str = "float32"
-    """Parameter dtype: float32, bfloat16 or float16."""
+    """The agent's compute dtype (float32, bfloat16 or float16): what it is served in (vLLM, evaluation,
+    exports). Training keeps fp32 master weights and AdamW state whatever this says; its compute dtype
+    is `trainer.precision` (bf16-mixed: bf16 forward passes and rollouts), see docs/training.md."""
     trust_remote_code: bool = False
     max_prompt_len: int = 256
     """Prompt tokens kept (left-truncated) in this agent's own tokenization."""
@@ -174,6 +176,10 @@ class TrainerConfig:
     strategy: str = "auto"
     """`auto` (single device), `single`, or `fsdp` (ModelParallelStrategy with per-agent FSDP2)."""
     precision: str = "32-true"
+    """`32-true` (fp32 everywhere) or `bf16-mixed` (fp32 master weights, gradients and AdamW state; bf16
+    forward passes and rollouts: Lightning's autocast on one device, FSDP2's MixedPrecisionPolicy with
+    fp32 gradient reduction under `fsdp`). Pure-bf16 weights (`bf16-true`) are refused: at lr 1e-6
+    most updates round away."""
     eval_every: int = 25
     """Held-out evaluation every this many steps (0: only before and after training)."""
     eval_samples: int = 1
@@ -245,6 +251,7 @@ class ConfigError(ValueError):
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("hf", "vllm")
 STRATEGIES = ("auto", "single", "fsdp")
+PRECISIONS = ("32-true", "bf16-mixed")
 ADVANTAGES = ("hacpo", "group")
 RATIO_LEVELS = ("sequence", "token")
 CROSS_LOSSES = ("hacpo", "self")
@@ -428,6 +435,12 @@ def _check_trainer(c: _Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.devices", tr.devices)
     c.positive("trainer.num_nodes", tr.num_nodes)
     c.choice("trainer.strategy", tr.strategy, STRATEGIES)
+    if tr.precision not in PRECISIONS:
+        low = str(tr.precision).endswith("-true") and str(tr.precision) != "32-true"
+        c.bad("trainer.precision", tr.precision, f"one of {list(PRECISIONS)} (fp32 master weights and optimizer state)",
+              "use trainer.precision=bf16-mixed for bf16 compute: "
+              + ("low-precision master weights lose updates (at lr 1e-6 about 98% of bf16 weights never change)"
+                 if low else "fp32 masters, bf16 forward passes, fp32 gradient reduction"))
     c.positive("trainer.eval_every", tr.eval_every, strict=False)
     c.positive("trainer.eval_samples", tr.eval_samples)
     c.positive("trainer.checkpoint_every", tr.checkpoint_every, strict=False)

@@ -133,8 +133,11 @@ class HACRLModule(pl.LightningModule):
             return
         from hacrl_lightning.strategies import shard_agent
 
+        precision = self.cfg.trainer.precision
         for agent in self.agents.values():
-            shard_agent(agent.model, mesh["data_parallel"])
+            shard_agent(agent.model, mesh["data_parallel"], precision=precision)
+        for reference in self.references.values():  # frozen, sharded alike: same compute as its policy
+            shard_agent(reference.model, mesh["data_parallel"], precision=precision)
 
     def configure_optimizers(self):
         optimizers, schedulers = [], []

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from hacrl_lightning.agents.agent import Agent
@@ -28,13 +29,14 @@ from hacrl_lightning.config import TrainConfig
 from hacrl_lightning.data.tasks import task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule
-from hacrl_lightning.strategies import make_strategy
+from hacrl_lightning.strategies import lightning_precision, make_strategy
 
 
 def load_agents(cfg: TrainConfig) -> dict[str, Agent]:
-    """Every configured agent, in config order (= optimizer order), checked lossless on the task's texts."""
+    """Every configured agent, in config order (= optimizer order), checked lossless on the task's texts.
+    Weights load in fp32, whatever an agent's `dtype`: they are the master weights (docs/training.md)."""
     texts = task_check_texts(cfg.data)
-    return {name: Agent.load(name, agent_cfg, zoo_cache=cfg.zoo_cache, check_texts=texts)
+    return {name: Agent.load(name, agent_cfg, zoo_cache=cfg.zoo_cache, check_texts=texts, dtype=torch.float32)
             for name, agent_cfg in cfg.agents.items()}
 
 
@@ -43,7 +45,7 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, callbacks: list[pl.Callback])
     tr = cfg.trainer
     return pl.Trainer(
         accelerator=tr.accelerator, devices=tr.devices, num_nodes=tr.num_nodes, strategy=make_strategy(tr),
-        precision=tr.precision, max_epochs=1, logger=logger, callbacks=callbacks,
+        precision=lightning_precision(tr), max_epochs=1, logger=logger, callbacks=callbacks,
         log_every_n_steps=tr.log_every, enable_checkpointing=False, use_distributed_sampler=False,
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir),
     )

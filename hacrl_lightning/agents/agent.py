@@ -132,8 +132,11 @@ class Agent(nn.Module):
 
     @classmethod
     def load(cls, name: str, cfg: AgentConfig, *, zoo_cache: str | os.PathLike | None = None,
-             check_texts: Sequence[str] | None = None) -> "Agent":
+             check_texts: Sequence[str] | None = None, dtype: torch.dtype | None = None) -> "Agent":
         """Load agent `name` as `cfg` describes (hub id, local dir or `zoo:<preset>`).
+
+        `dtype`: the dtype the weights are held in (default `cfg.dtype`, for inference); training
+        passes float32, its master weights, and computes in `cfg.dtype` under mixed precision.
 
         `check_texts`: texts the tokenizer must round-trip (default: a sample of the synthetic
         task's prompts and answers; pass `()` to skip). Raises `AgentLoadError` or
@@ -147,7 +150,7 @@ class Agent(nn.Module):
         tokenizer = _fetch(AutoTokenizer.from_pretrained, tokenizer_source, agent=name,
                            key=f"{key}.tokenizer" if cfg.tokenizer else f"{key}.model", **common)
         model = _fetch(AutoModelForCausalLM.from_pretrained, model_source, agent=name, key=f"{key}.model",
-                       dtype=getattr(torch, cfg.dtype), **common)
+                       dtype=dtype or getattr(torch, cfg.dtype), **common)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         agent = cls(name, model, tokenizer, cfg)
@@ -243,8 +246,9 @@ class Agent(nn.Module):
     # -- export ---------------------------------------------------------------------------------------
 
     def export(self, directory: str | os.PathLike) -> Path:
-        """Write a standalone Hugging Face dir (weights, config, generation config, tokenizer, chat
-        template) that `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` load alone.
+        """Write a standalone Hugging Face dir (weights in the agent's `dtype`, config, generation config,
+        tokenizer, chat template) that `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`
+        load alone.
 
         Under FSDP2 every rank must call it (the full state dict is gathered); rank 0 writes.
         """
@@ -252,12 +256,18 @@ class Agent(nn.Module):
         state_dict, writer = _full_state_dict(self.model)
         if not writer:
             return directory
+        state_dict = _in_dtype(state_dict if state_dict is not None else self.model.state_dict(),
+                               getattr(torch, self.cfg.dtype))  # fp32 master weights, written in the agent's dtype
         directory.mkdir(parents=True, exist_ok=True)
         generation = self.model.generation_config
         generation.eos_token_id = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id
         generation.pad_token_id = self.pad_token_id
         self.model.config.pad_token_id = self.pad_token_id
         self.model.save_pretrained(str(directory), state_dict=state_dict)
+        config_path = directory / "config.json"  # transformers writes the (fp32) training dtype
+        config_json = json.loads(config_path.read_text())
+        config_json["dtype"] = self.cfg.dtype
+        config_path.write_text(json.dumps(config_json, indent=2, sort_keys=True) + "\n")
         save_tokenizer(self.tokenizer, directory)
         settings = {"name": self.name, "chat_template_kwargs": dict(self.cfg.chat_template_kwargs),
                     "system_prompt": self.cfg.system_prompt, "max_prompt_len": self.max_prompt_len,
@@ -293,6 +303,20 @@ def _full_state_dict(model: nn.Module) -> tuple[dict | None, bool]:
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return state, dist.get_rank() == 0
+
+
+def _in_dtype(state_dict: dict, dtype: torch.dtype) -> dict:
+    """Floating tensors cast to `dtype`; tensors that share storage (tied embeddings) stay shared."""
+    cast: dict = {}
+    out = {}
+    for key, value in state_dict.items():
+        if value.is_floating_point() and value.dtype != dtype:
+            slot = (value.data_ptr(), value.shape, value.stride())
+            if slot not in cast:
+                cast[slot] = value.to(dtype)
+            value = cast[slot]
+        out[key] = value
+    return out
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
