@@ -63,6 +63,7 @@ def test_more_than_99_percent_of_every_agents_weights_move_at_lr_1e_6(straight):
         now = flat(state, f"agents.{name}.model.")
         assert now.shape == start.shape
         changed = float((now != start).float().mean())
+        print(f"{name}: {changed:.4%} of the weights changed after 5 steps at lr 1e-6 under bf16-mixed")
         assert changed > 0.99, f"{name}: only {changed:.2%} of the weights changed"
 
 
