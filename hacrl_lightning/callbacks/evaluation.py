@@ -22,7 +22,8 @@ class HeldOutEvalCallback(Callback):
         step = pl_module.steps_done
         if self.history and self.history[-1]["step"] == step:
             return
-        scores = trainer.datamodule.evaluate(samples=self.samples, step=step)
+        with trainer.precision_plugin.forward_context():  # the training's compute dtype (bf16-mixed: bf16)
+            scores = trainer.datamodule.evaluate(samples=self.samples, step=step)
         self.history.append({
             "step": step,
             "rollouts_generated": {name: c["rollouts_generated"] for name, c in pl_module.counters.items()},
