@@ -125,10 +125,12 @@ def composition_problems(alg: AlgorithmConfig, pair: PairConfig, explicit: Colle
             continue
         allowed = f"{value!r}, which defines algorithm={alg.name}"
         if f"algorithm.{key}" in explicit:
-            fix = f"drop algorithm.{key}={got} to run {alg.name}, or run algorithm={_closest_preset(alg)} algorithm.{key}={got}"
+            fix = (f"drop algorithm.{key}={got} to run {alg.name}, "
+                   f"or run algorithm={_closest_preset(alg)} algorithm.{key}={got}")
         else:
             where = " or give it under `pair:`, which applies only where it fits" if key in PAIR_FIELDS else ""
-            fix = f"a config file (an experiment's `algorithm:` block?) sets algorithm.{key} for every algorithm: drop it{where}"
+            fix = (f"a config file (an experiment's `algorithm:` block?) sets algorithm.{key} "
+                   f"for every algorithm: drop it{where}")
         problems.append(Problem(f"algorithm.{key}", got, allowed, fix))
     taken = pair_fields_taken(alg.name)
     for key in PAIR_FIELDS:
