@@ -115,6 +115,25 @@ class AlgorithmConfig:
 
 
 @dataclass
+class PairConfig:
+    """Per-pair values of an experiment (the paper's Table 5), applied to the chosen algorithm where
+    they fit; None = not set. `configs/experiment/paper_*.yaml` set them here, not under `algorithm:`.
+
+    A value applies only to a preset with HACPO's cross term (hacpo and its ablations) and only to a
+    field that preset does not define: `hacpo_alpha0` keeps alpha = 0, `hacpo_no_stepwise` keeps
+    delta_step = 0, and grpo/gspo/gspo_x2/naive keep their own values. An explicit `algorithm.<field>`
+    on the command line wins. The rule is `hacrl_lightning.algorithms.registry.resolve_algorithm`.
+    """
+
+    alpha: Optional[float] = None
+    """Exponent of the exponential importance weight (Table 5: 1 or 3)."""
+    delta: Optional[float] = None
+    """Initial cross-ratio lower bound is 1 - delta (Table 5 prints the bound: 0.8 -> delta 0.2)."""
+    delta_step: Optional[float] = None
+    """Rise of the lower bound per mini-batch (Table 5: 0.01 or 0.025)."""
+
+
+@dataclass
 class RolloutConfig:
     """How responses are generated. Engines speak token ids only (DESIGN §3)."""
 
@@ -210,6 +229,8 @@ class TrainConfig:
     """A checkpoint file or a run directory (its newest checkpoint) to continue from."""
     zoo_cache: Optional[str] = None
     """Cache of built tiny agents (default: $HACRL_ZOO_CACHE or ~/.cache/hacrl_lightning/zoo)."""
+    pair: PairConfig = field(default_factory=PairConfig)
+    """An experiment's per-pair values, resolved into `algorithm` before the run (what runs is `algorithm`)."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -301,7 +322,7 @@ class _Checks:
 def config_problems(cfg: TrainConfig) -> List[Problem]:
     """Every value and cross-field problem of `cfg` (empty when it is fine); pure, touches no file."""
     c = _Checks()
-    for check in (_check_agents, _check_algorithm, _check_rollout, _check_data, _check_trainer):
+    for check in (_check_agents, _check_algorithm, _check_pair, _check_rollout, _check_data, _check_trainer):
         check(c, cfg)
     return c.problems
 
@@ -389,6 +410,18 @@ def _check_algorithm(c: _Checks, cfg: TrainConfig) -> None:
     if alg.advantage == "hacpo" and not alg.share_rollouts:
         c.bad("algorithm.advantage", alg.advantage, "'group' when share_rollouts is false",
               "the joint HACPO baseline needs shared rollouts: set algorithm.share_rollouts=true or advantage=group")
+
+
+def _check_pair(c: _Checks, cfg: TrainConfig) -> None:
+    """The pair's own values, checked even where the chosen algorithm does not take them."""
+    pair = cfg.pair
+    if pair.alpha is not None and pair.alpha < 0:
+        c.bad("pair.alpha", pair.alpha, ">= 0 (or null: not set)", "Table 5 uses pair.alpha=1.0 or 3.0")
+    if pair.delta is not None and not 0.0 <= pair.delta <= 1.0:
+        c.bad("pair.delta", pair.delta, "[0, 1] (or null: not set)",
+              "the cross lower bound is 1 - delta: Table 5's printed 0.8 is pair.delta=0.2")
+    if pair.delta_step is not None and pair.delta_step < 0:
+        c.bad("pair.delta_step", pair.delta_step, ">= 0 (or null: not set)", "Table 5 uses pair.delta_step=0.01 or 0.025")
 
 
 def _check_rollout(c: _Checks, cfg: TrainConfig) -> None:

@@ -5,6 +5,11 @@ dataclasses of `hacrl_lightning.config` registered as Hydra's structured-config 
 failure (an unknown key or agent, a wrong type, a bad value) surfaces as one `ConfigError` that
 lists each problem with the key, the value, what is allowed and how to fix it.
 
+An experiment's per-pair values (`pair:`) are resolved into the chosen algorithm here, from the typed
+values, by `hacrl_lightning.algorithms.registry` (`resolve_algorithm`, `composition_problems`); this
+module only tells it which keys the command line set, and writes the resolved algorithm back into the
+DictConfig, so that what `--cfg job` prints and `config.yaml` saves is what runs.
+
 The scripts use the compose API rather than `@hydra.main`: the working directory never changes,
 config paths are absolute (runs work from any directory), and errors are ours to word.
 """
@@ -26,7 +31,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hacrl_lightning.config import UNKNOWN_KEY, AgentConfig, ConfigError, Problem, TrainConfig, suggest, validate
+from hacrl_lightning.algorithms.registry import composition_problems, resolve_algorithm
+from hacrl_lightning.config import (UNKNOWN_KEY, AgentConfig, ConfigError, Problem, TrainConfig, config_problems,
+                                    suggest, validate)
 from hacrl_lightning.preflight import check_run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -110,6 +117,23 @@ def check_overrides(overrides: Sequence[str]) -> list[Problem]:
     return problems
 
 
+def explicit_keys(overrides: Sequence[str]) -> frozenset[str]:
+    """The dotted keys the command line sets (`algorithm.alpha`, `pair.delta`, each key of `pair={...}`);
+    choosing a file (`algorithm=grpo`, `experiment=paper_state`) sets none."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return frozenset()  # check_overrides reports it
+    keys = set()
+    for ov in parsed:
+        key = ov.key_or_group
+        if ov.is_delete() or key in GROUPS:
+            continue
+        value = ov.value()
+        keys |= {f"{key}.{sub}" for sub in value} if isinstance(value, dict) else {key}
+    return frozenset(keys)
+
+
 def _problem_from_exception(err: Exception) -> Problem:
     """Word an OmegaConf/Hydra composition error as a Problem (key, value, allowed, fix)."""
     inner = err.__cause__
@@ -147,22 +171,33 @@ def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
         raise ConfigError([_problem_from_exception(err)]) from None
 
 
-def to_train_config(cfg: DictConfig, *, preflight: bool = False) -> TrainConfig:
-    """DictConfig -> validated TrainConfig (resolving interpolations such as ${now:...}).
+def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequence[str] = ()) -> TrainConfig:
+    """DictConfig -> resolved, validated TrainConfig (resolving interpolations such as ${now:...}).
 
+    The pair's values are resolved into the algorithm (`overrides`: the command line it was composed
+    from, whose explicit keys win and are checked); a composition that cannot be honoured is refused
+    with the other problems. On success the resolved algorithm is written back into `cfg`.
     `preflight`: also check files and tokenizers (`hacrl_lightning.preflight.check_run`), all
     problems in one error; what `scripts/train.py` does before any model is loaded."""
     try:
         typed = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         raise ConfigError([_problem_from_exception(err)]) from None
-    return check_run(typed) if preflight else validate(typed)
+    explicit = explicit_keys(overrides)
+    refused = composition_problems(typed.algorithm, typed.pair, explicit)
+    typed.algorithm = resolve_algorithm(typed.algorithm, typed.pair, explicit)
+    if refused:  # with the other problems, each key once
+        seen = {problem.key for problem in refused}
+        raise ConfigError(refused + [problem for problem in config_problems(typed) if problem.key not in seen])
+    checked = check_run(typed) if preflight else validate(typed)
+    cfg.algorithm = OmegaConf.structured(typed.algorithm)  # what is shown and saved is what runs
+    return checked
 
 
 def compose_config(overrides: Sequence[str] = (), *, preflight: bool = False) -> tuple[TrainConfig, DictConfig]:
-    """Overrides -> (validated TrainConfig, the DictConfig it came from, for saving)."""
+    """Overrides -> (validated TrainConfig, the DictConfig it came from with the resolved algorithm, for saving)."""
     dcfg = compose_dictconfig(overrides)
-    return to_train_config(dcfg, preflight=preflight), dcfg
+    return to_train_config(dcfg, preflight=preflight, overrides=overrides), dcfg
 
 
 def save_resolved(dcfg: DictConfig, run_dir: Path, name: str = "config.yaml") -> Path:

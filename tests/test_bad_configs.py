@@ -78,6 +78,8 @@ CASES = [
     ("wrong_type", ["trainer.steps=many"], "trainer.steps"),
     ("unknown_algorithm", ["algorithm=hacpoo"], "algorithm"),
     ("negative_fault_budget", ["trainer.max_nonfinite_skips=-1"], "trainer.max_nonfinite_skips"),
+    ("override_undoes_the_ablation", ["algorithm=hacpo_alpha0", "algorithm.alpha=3"], "algorithm.alpha"),
+    ("pair_value_for_a_baseline", ["agents=[tiny_a]", "algorithm=grpo", "pair.alpha=3"], "pair.alpha"),
     ("resume_without_checkpoint", ["resume={run}"], "resume"),
 ]
 

@@ -4,13 +4,15 @@ differs from `hacpo` only in the component it names, in its fields and in its be
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import torch
 
 from hacrl_lightning.algorithms import PRESETS, compute_advantages, get_preset, hacpo_loss, preset_names
-from hacrl_lightning.config import AlgorithmConfig
+from hacrl_lightning.algorithms.registry import (composition_problems, defining_values, pair_fields_taken,
+                                                 resolve_algorithm)
+from hacrl_lightning.config import AlgorithmConfig, PairConfig
 
 D = torch.float64
 GSPO_FIELDS = {"share_rollouts", "advantage", "capability_baseline"}
@@ -55,6 +57,45 @@ def test_preset_differs_from_hacpo_only_in_its_component(name):
     base, cfg = asdict(get_preset("hacpo")), asdict(get_preset(name))
     changed = {key for key in base if base[key] != cfg[key]} - {"name"}
     assert changed == COMPONENT_FIELDS[name]
+
+
+@pytest.mark.parametrize("name", sorted(COMPONENT_FIELDS))
+def test_defining_values_are_the_component_with_the_presets_values(name):
+    assert defining_values(name) == {key: getattr(get_preset(name), key) for key in COMPONENT_FIELDS[name]}
+
+
+# --- an experiment's pair values (Table 5) on top of a preset: pure, no Hydra ----------------------
+
+PAIR = PairConfig(alpha=3.0, delta=0.1, delta_step=0.01)
+
+
+def test_pair_values_reach_the_hacpo_family_only_and_never_undo_an_ablation():
+    assert pair_fields_taken("hacpo") == pair_fields_taken("hacpo_no_clip") == ("alpha", "delta", "delta_step")
+    assert pair_fields_taken("hacpo_alpha0") == ("delta", "delta_step")
+    assert pair_fields_taken("hacpo_no_stepwise") == ("alpha", "delta")
+    for baseline in ("grpo", "gspo", "gspo_x2", "naive"):
+        assert pair_fields_taken(baseline) == ()
+        assert resolve_algorithm(get_preset(baseline), PAIR) == get_preset(baseline)
+    alpha0 = resolve_algorithm(get_preset("hacpo_alpha0"), PAIR)
+    assert (alpha0.alpha, alpha0.delta, alpha0.delta_step) == (0.0, 0.1, 0.01)
+
+
+def test_an_explicit_algorithm_value_wins_and_unset_pair_fields_change_nothing():
+    tuned = resolve_algorithm(replace(get_preset("hacpo"), alpha=2.0), PAIR, explicit={"algorithm.alpha"})
+    assert (tuned.alpha, tuned.delta) == (2.0, 0.1)
+    assert resolve_algorithm(get_preset("hacpo"), PairConfig()) == get_preset("hacpo")
+
+
+def test_composition_problems_come_from_the_defining_values():
+    assert composition_problems(get_preset("hacpo_no_omega"), PAIR) == []
+    (undone,) = composition_problems(replace(get_preset("hacpo_no_omega"), omega_factor=True), PAIR,
+                                     explicit={"algorithm.omega_factor"})
+    assert undone.key == "algorithm.omega_factor" and "algorithm=hacpo " in undone.fix
+    (from_a_file,) = composition_problems(replace(get_preset("hacpo_alpha0"), alpha=3.0), PAIR)
+    assert from_a_file.key == "algorithm.alpha" and "config file" in from_a_file.fix
+    # the command line may tune a baseline's own numbers, a shared experiment file may not
+    assert composition_problems(replace(get_preset("grpo"), clip_low=0.1), PAIR, explicit={"algorithm.clip_low"}) == []
+    assert [p.key for p in composition_problems(replace(get_preset("grpo"), clip_low=0.1), PAIR)] == ["algorithm.clip_low"]
 
 
 # --- behaviour: each ablation changes the loss (or the advantage) only through its component ------
