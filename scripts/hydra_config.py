@@ -42,7 +42,11 @@ GROUPS = ("algorithm", "data", "rollout", "trainer", "experiment", "agents")
 
 
 def register_schema() -> None:
+    """The typed schema, and the `${repo:<path>}` resolver: a path inside this repository, absolute
+    (the CPU smoke preset reads the math fixtures under tests/ from any working directory)."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("repo"):
+        OmegaConf.register_new_resolver("repo", lambda path: str(REPO_ROOT / path))
 
 
 def group_options(group: str) -> dict[str, Path]:
