@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     rewards.add_argument("--json", default="", help="also write the figures to this JSON file")
     step = sub.add_parser("step", help="framework HACPO step vs a bare loop: phases, tokens/s, RSS, n and G scaling")
     bench_step.add_arguments(step)
-    exchange = sub.add_parser("exchange", help="responses crossing two agents' tokenizers: rows exact or marked, and why")
+    exchange = sub.add_parser("exchange", help="responses crossing two agents' tokenizers: rows exact or marked")
     bench_exchange.add_arguments(exchange)
     args = parser.parse_args(argv)
     if args.command == "exchange":

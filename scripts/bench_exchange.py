@@ -107,17 +107,14 @@ def measure(source, learner, texts: list[str]) -> list[dict]:
     from hacrl_lightning.agents import Agent
     from hacrl_lightning.agents.exchange import make_rollouts, view_for
     from hacrl_lightning.data.records import Example
-
-    class Gen:
-        def __init__(self, token_ids, finish_reason):
-            self.token_ids, self.finish_reason = token_ids, finish_reason
+    from hacrl_lightning.rollout.engine import Generation
 
     example = Example("bench", "What is 37 + 5? Put the answer in \\boxed{}.", "42")
     encoded = source.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     gens = []
     for ids in encoded:
         ids = [t for t in ids if t not in source.eos_token_ids]
-        gens += [Gen(ids + [source.eos_token_id], "stop"), Gen(ids, "length")]
+        gens += [Generation(ids + [source.eos_token_id], "stop", []), Generation(ids, "length", [])]
     rollouts = make_rollouts(source, [example], gens)
     rows = []
     for limit in (learner.max_response_len, 10**9):

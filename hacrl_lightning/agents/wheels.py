@@ -24,7 +24,7 @@ import zipfile
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
-from hacrl_lightning.agents.cache import ENV_CACHE, file_digest, file_table, files_intact, lock, install, \
+from hacrl_lightning.agents.cache import ENV_CACHE, file_digest, file_table, files_intact, install, lock, \
     resolve_cache_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")

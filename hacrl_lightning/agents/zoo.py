@@ -42,7 +42,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from hacrl_lightning.agents.agent import Agent
-from hacrl_lightning.agents.cache import ENV_CACHE, DEFAULT_CACHE, file_table, files_intact, install, lock, \
+from hacrl_lightning.agents.cache import DEFAULT_CACHE, ENV_CACHE, file_table, files_intact, install, lock, \
     resolve_cache_dir
 from hacrl_lightning.agents.tokenizers import RegistryTokenizerSpec, TokenizerSpec, build_tokenizer
 from hacrl_lightning.config import AgentConfig, DataConfig, suggest
@@ -202,7 +202,7 @@ PRESETS: Dict[str, ZooSpec] = {
             chat_template_kwargs={"enable_thinking": False},
             warm_start=WarmStart(target_accuracy=0.0, max_steps=0),  # random weights: a build of seconds
             seed=3,
-            max_prompt_len=64,  # the longest math fixture prompt in this template: 60 (Qwen3) / 56 (Llama) tokens
+            max_prompt_len=64,  # the longest math fixture prompt in Qwen3's template is 60 tokens
             max_response_len=48,
         ),
         ZooSpec(
@@ -215,7 +215,7 @@ PRESETS: Dict[str, ZooSpec] = {
             chat_template=LLAMA3_TEMPLATE,
             warm_start=WarmStart(target_accuracy=0.0, max_steps=0),  # random weights: a build of seconds
             seed=4,
-            max_prompt_len=64,  # the longest math fixture prompt in this template: 60 (Qwen3) / 56 (Llama) tokens
+            max_prompt_len=64,  # the longest math fixture prompt in this template is 56 tokens
             max_response_len=48,
         ),
     ]
@@ -383,8 +383,8 @@ def entry_dir(name: str, cache: str | os.PathLike | None = None) -> Path:
 
 
 def _write_manifest(directory: Path, spec: ZooSpec, facts: dict[str, Any]) -> None:
-    manifest = {"name": spec.name, "key": spec.key(), "format": ZOO_FORMAT, "files": file_table(directory, skip=MANIFEST),
-                "facts": facts, "spec": asdict(spec)}
+    manifest = {"name": spec.name, "key": spec.key(), "format": ZOO_FORMAT,
+                "files": file_table(directory, skip=MANIFEST), "facts": facts, "spec": asdict(spec)}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
 
 
