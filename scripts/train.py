@@ -54,7 +54,10 @@ def main(argv: list[str]) -> int:
     except NonFiniteError as err:  # a numerical fault, not a crash: the checkpoints are intact
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print_summary(summary)
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    if rank_zero_only.rank == 0:  # one table, not one per data-parallel rank
+        print_summary(summary)
     return 0
 
 
