@@ -77,6 +77,7 @@ def test_paper_smoke_trains_on_two_ranks_in_bf16_and_writes_its_summary(smoke_ru
         assert row["optimizer_updates"] == 2 * 4  # per step n·P/mini = 2·2/1, whatever the 2 ranks hold
         assert row["rollouts_generated"] == 2 * 2 * 4  # steps · P · G, the global batch
         assert 0.0 <= row["final"]["acc"] <= 1.0
+        assert json.loads((Path(row["export"]) / "config.json").read_text())["dtype"] == "bfloat16"  # served as bf16
     saved = OmegaConf.load(smoke_run / "config.yaml")
     assert (saved.trainer.strategy, saved.trainer.precision, saved.trainer.devices) == ("fsdp", "bf16-mixed", 2)
 
