@@ -200,6 +200,8 @@ def test_two_process_fsdp_over_gloo_steps_saves_and_resumes(tmp_path, zoo_cache)
                            text=True, timeout=300, cwd=REPO)
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stdout.count("RANK-DONE steps=1") == 2  # both ranks finished the step
+    # n·P/mini_batch_prompts = 2·4/2 updates per learner, planned over the global batch (not P/2 per rank)
+    assert first.stdout.count("updates=[4, 4]") == 2
     assert latest_checkpoint(run).is_dir()  # a distributed checkpoint (one shard per rank)
     second = subprocess.run([sys.executable, script, str(run), str(zoo_cache), "2", "resume"], capture_output=True,
                             text=True, timeout=300, cwd=REPO)
