@@ -105,6 +105,8 @@ class VLLMEngine:
         vllm = require_vllm()
         self.model_dir = Path(model_dir)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.dtype = getattr(torch, dtype)
+        """The engine's weight dtype: the trainer's fp32 master weights are cast to it when pushed."""
         self._vllm = vllm
         self.llm = vllm.LLM(
             model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
@@ -135,7 +137,8 @@ class VLLMEngine:
         return to_generations(outputs, self.eos_token_ids + tuple(sampling.stop_token_ids))
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        items = full_state_items(model)
+        items = ((name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor)  # lazily, one at a time
+                 for name, tensor in full_state_items(model))
         if self._in_process_model is not None:
             self._in_process_model.load_weights(items)
         else:
