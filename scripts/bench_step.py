@@ -202,11 +202,11 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
     class MarkedModule(HACRLModule):
         """The real module with phase marks for the memory sampler and a trained-token count."""
 
-        def _old_logprobs(self, views, shape):
+        def _old_logprobs(self, views, plans, shape):
             memory.mark("old_logprobs")
             for view in views.values():  # every row is trained (cross_samples_per_prompt=all)
                 recorder.current["trained_tokens"] += int(view.loss_mask.sum())
-            return super()._old_logprobs(views, shape)
+            return super()._old_logprobs(views, plans, shape)
 
         def _update_learner(self, k, *args, **kwargs):
             if k == 0:

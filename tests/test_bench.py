@@ -67,7 +67,11 @@ def test_min_new_tokens_forces_full_length_responses(zoo_agents):
 
     agent = zoo_agents["tiny_b"]
     engine = make_engine("hf", agent.model, eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id)
-    prompts = agent.encode_prompts(["1+1=?", "12+30=?"])
+    from hacrl_lightning.config import DataConfig
+    from hacrl_lightning.data.synthetic import synthetic_examples
+
+    # the task's own prompts: what the agent was warm-started on (on other text it may never stop)
+    prompts = agent.encode_prompts([ex.prompt for ex in synthetic_examples(DataConfig(), "eval", 2)])
     free = engine.generate(prompts, SamplingSettings(max_new_tokens=16, n=4, seed=0))
     fixed = engine.generate(prompts, SamplingSettings(max_new_tokens=16, n=4, seed=0, min_new_tokens=16))
     assert any(g.finish_reason == "stop" for g in free)  # the warm-started agent does end answers

@@ -26,7 +26,7 @@ SMOKE_AGENTS = ["tiny_qwen3", "tiny_llama32"]
 ALLOWED = {  # what paper_smoke may change, and why
     "agents",                                      # real-tokenizer tiny models for the hub models
     "data.train_files", "data.eval_files",         # the math fixtures for MATH / MATH-500
-    "data.prompts_per_step", "data.eval_size",     # 2 prompts a step (one per rank), 3 held out
+    "data.prompts_per_step", "data.eval_size",     # 4 prompts a step (two per rank), 3 held out
     "rollout.group_size", "rollout.generation_batch_size",
     "trainer.steps", "trainer.mini_batch_prompts",  # 2 steps; P / mini = 2 as in the paper (128 / 64)
     "trainer.micro_batch_size", "trainer.accelerator", "trainer.devices",  # 2 CPU ranks over gloo
@@ -74,8 +74,8 @@ def test_paper_smoke_trains_on_two_ranks_in_bf16_and_writes_its_summary(smoke_ru
     assert summary["algorithm"] == "hacpo" and summary["steps"] == 2
     for name in SMOKE_AGENTS:
         row = summary["agents"][name]
-        assert row["optimizer_updates"] == 2 * 4  # per step n·P/mini = 2·2/1, whatever the 2 ranks hold
-        assert row["rollouts_generated"] == 2 * 2 * 4  # steps · P · G, the global batch
+        assert row["optimizer_updates"] == 2 * 4  # per step n·P/mini = 2·4/2, whatever the 2 ranks hold
+        assert row["rollouts_generated"] == 2 * 4 * 2  # steps · P · G, the global batch
         assert 0.0 <= row["final"]["acc"] <= 1.0
         assert json.loads((Path(row["export"]) / "config.json").read_text())["dtype"] == "bfloat16"  # served as bf16
     saved = OmegaConf.load(smoke_run / "config.yaml")
