@@ -4,7 +4,10 @@
 every agent's current weights, one reward per response, the capability window and omega, each
 source's old log-probs (one forward pass over its own responses, shared by every learner), then
 for each learner its view of the responses, its advantages, and mini-batches ordered own-first
-with the mini-batch index m handed to the loss. Single-agent algorithms (grpo, gspo, gspo_x2) run
+with the mini-batch index m handed to the loss. Under data parallelism every rank holds the whole
+step's rollouts and builds the same global plan of mini-batches (`plan.py`), trains on its slice of
+each, and normalises the loss over the global mini-batch, so an update is the one a single device
+would make on the whole batch (docs/training.md). Single-agent algorithms (grpo, gspo, gspo_x2) run
 the same loop with views that hold only the learner's own responses, so one run compares like
 with like. A non-finite loss or gradient skips that learner's update, leaving its weights and
 optimizer state as they were, and the step's metrics count degenerate rollouts (docs/reliability.md).
