@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
