@@ -17,7 +17,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from hacrl_lightning.config import ADVANTAGES, AlgorithmConfig
+from hacrl_lightning.config import AlgorithmConfig
+
+ADVANTAGES = ("hacpo", "group")
+"""`hacpo`: the capability-aware joint baseline (HACPO_SPEC §4); `group`: each group's own mean/std (GRPO/GSPO)."""
 
 __all__ = ["compute_advantages", "group_advantages", "hacpo_advantages", "hacpo_baseline"]
 

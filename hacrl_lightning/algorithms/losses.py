@@ -16,9 +16,10 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from hacrl_lightning.config import KL_ESTIMATORS, LOSS_AGG_MODES
 
 __all__ = [
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
     "MAX_ABS_LOG_RATIO",
     "aggregate_loss",
     "cross_clip_lower",
@@ -31,6 +32,10 @@ __all__ = [
     "token_log_ratio",
 ]
 
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+"""The reductions `aggregate_loss` knows (verl's `loss_agg_mode` names)."""
+KL_ESTIMATORS = ("k1", "k2", "k3")
+"""The estimators `kl_penalty` knows (Schulman's k1/k2/k3)."""
 MAX_ABS_LOG_RATIO = 10.0
 """|log s| is clamped to this before exponentiating (HACPO_SPEC §5, authors' code)."""
 

@@ -14,7 +14,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from hacrl_lightning.config import CROSS_LOSSES, RATIO_LEVELS, AlgorithmConfig
+from hacrl_lightning.config import AlgorithmConfig
 from hacrl_lightning.algorithms.losses import (
     aggregate_loss,
     cross_clip_lower,
@@ -26,7 +26,12 @@ from hacrl_lightning.algorithms.losses import (
     token_log_ratio,
 )
 
-__all__ = ["hacpo_loss"]
+__all__ = ["CROSS_LOSSES", "RATIO_LEVELS", "hacpo_loss"]
+
+RATIO_LEVELS = ("sequence", "token")
+"""`sequence`: GSPO's length-normalised ratio per response (Eq. 11); `token`: per-token ratios (GRPO)."""
+CROSS_LOSSES = ("hacpo", "self")
+"""`hacpo`: the cross term of Eqs. 12-14; `self`: the own-response term applied to partners' responses (naive)."""
 
 Metrics = Dict[str, Tensor]
 
