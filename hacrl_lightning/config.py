@@ -113,6 +113,25 @@ class AlgorithmConfig:
     """`all` (the paper) or a positive int: partner responses per prompt a learner trains on,
     drawn uniformly with a seeded generator, so cost per learner need not grow with n."""
 
+    # the plain values each pure function of `hacrl_lightning.algorithms` takes (it never sees this class)
+
+    def loss_settings(self) -> Dict[str, Any]:
+        """Keyword arguments of `algorithms.hacpo_loss` (all but the per-mini-batch `cross_lower`)."""
+        return dict(ratio_level=self.ratio_level, clip_low=self.clip_low, clip_high=self.clip_high,
+                    cross_loss=self.cross_loss, alpha=self.alpha, cross_clip=self.cross_clip,
+                    use_omega=self.omega_factor, loss_agg_mode=self.loss_agg_mode, kl_coef=self.kl_coef,
+                    kl_estimator=self.kl_estimator)
+
+    def advantage_settings(self) -> Dict[str, Any]:
+        """Keyword arguments of `algorithms.compute_advantages`."""
+        return dict(advantage=self.advantage, capability_baseline=self.capability_baseline,
+                    scale_by_std=self.scale_by_std, baseline_guard=self.baseline_guard)
+
+    def capability_settings(self) -> Dict[str, Any]:
+        """Keyword arguments of `algorithms.CapabilityWindow` (after the number of agents)."""
+        return dict(window=self.capability_window, floor=self.capability_floor,
+                    warmup_steps=self.capability_warmup_steps, clamp=(self.omega_min, self.omega_max))
+
 
 @dataclass
 class PairConfig:
@@ -143,8 +162,6 @@ class RolloutConfig:
     """G: responses per prompt per agent."""
     generation_batch_size: int = 64
     """Sequences generated at once by the HF backend (bounds memory)."""
-    eval_temperature: float = 0.0
-    """0 means greedy for held-out evaluation."""
 
 
 @dataclass
@@ -231,6 +248,11 @@ class TrainConfig:
     """Cache of built tiny agents (default: $HACRL_ZOO_CACHE or ~/.cache/hacrl_lightning/zoo)."""
     pair: PairConfig = field(default_factory=PairConfig)
     """An experiment's per-pair values, resolved into `algorithm` before the run (what runs is `algorithm`)."""
+
+    @property
+    def responses_per_prompt(self) -> int:
+        """Responses per prompt per agent: G times the algorithm's rollout multiplier (gspo_x2: 2G)."""
+        return self.rollout.group_size * self.algorithm.rollout_multiplier
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -430,7 +452,6 @@ def _check_rollout(c: _Checks, cfg: TrainConfig) -> None:
         c.bad("rollout.group_size", cfg.rollout.group_size, "an int >= 2 (group baselines need 2 responses)",
               "set rollout.group_size=8 (the paper) or at least 2")
     c.positive("rollout.generation_batch_size", cfg.rollout.generation_batch_size)
-    c.positive("rollout.eval_temperature", cfg.rollout.eval_temperature, strict=False)
 
 
 def _check_data(c: _Checks, cfg: TrainConfig) -> None:

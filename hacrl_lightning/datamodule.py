@@ -1,11 +1,14 @@
-"""RolloutDataModule: prompt batches, one rollout engine per agent, on-policy rollouts and rewards.
+"""RolloutDataModule: prompt batches in, one whole training step (`StepBatch`) out.
 
 The loader serves *prompts*, never rollouts: batch t is a fixed, seeded slice of the train set
 (step-indexed, so a resumed run sees exactly the prompts it would have seen), from a sized loader
 that Lightning does not prefetch. The module calls `rollout(batch)` inside `training_step`, i.e.
 after the previous update, so rollouts are strictly on-policy (DESIGN §4, engineering.md §0.6).
-Engines are built in `setup`, after the process group exists. Deliberately not here: forward
-passes, advantages and optimizer steps (the module), and the math of retokenization (exchange.py).
+`rollout` generates with every agent's engine, decodes, scores once, gathers every rank's share,
+and builds each learner's token view (`agents/exchange.py`): the module receives the step whole
+and only trains. Engines are built in `setup`, after the process group exists. Held-out evaluation
+generates here and scores with `evaluation.answer_rewards`. Deliberately not here: forward passes,
+advantages and optimizer steps (the module), and the math of retokenization (exchange.py).
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from hacrl_lightning.agents.agent import Agent
-from hacrl_lightning.agents.exchange import Rollout, make_rollouts
-from hacrl_lightning.config import TrainConfig
-from hacrl_lightning.data.tasks import load_task
+from hacrl_lightning.agents.exchange import AgentView, Rollout, make_rollouts, view_for
+from hacrl_lightning.config import DataConfig, RolloutConfig
 from hacrl_lightning.data.records import Example, PromptDataset
+from hacrl_lightning.evaluation import answer_rewards
 from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
 from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, engine_options, make_engine
 
@@ -94,87 +97,99 @@ class ResumableLoader(DataLoader):
 
 
 @dataclass
-class StepRollouts:
-    """One step's responses over the global batch (every rank's prompts, in rank order):
-    `rollouts[(p * n + j) * G + i]` is sample i of agent j on prompt p, and `rewards[p, j, i]` its reward."""
+class StepBatch:
+    """One training step over the global batch (every rank's prompts, in rank order), whole:
+    `rollouts[(p * n + j) * G + i]` is sample i of agent j on prompt p, `rewards[p, j, i]` its reward,
+    and `views[learner]` the learner's token view of the responses it trains on (all of them when
+    rollouts are shared, its own otherwise); a view's `row_idx` indexes this flat order."""
 
     examples: list[Example]
     rollouts: list[Rollout]
     rewards: torch.Tensor                      # [P, n, G]
-    group_size: int
-    timings: dict[str, float] = field(default_factory=dict)
-    """This rank's seconds of generation and scoring."""
+    views: dict[str, AgentView]
     reward_stats: dict[str, int] = field(default_factory=dict)
     """The reward pool's counters (timeouts, crashes) summed over ranks."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """This rank's seconds of generation (`rollout`), scoring (`reward`) and retokenization (`exchange`)."""
+
+    @property
+    def group_size(self) -> int:
+        return self.rewards.shape[2]
 
 
 class RolloutDataModule(pl.LightningDataModule):
-    def __init__(self, cfg: TrainConfig, agents: dict[str, Agent]):
+    """Prompts, engines, rewards and views for one run.
+
+    agents: the run's agents in config order; train_set / eval_set: the task, loaded once by the
+    caller; data / rollout: their config sections; responses_per_prompt: G times the rollout
+    multiplier; share_rollouts: whether a learner's view holds every agent's responses; steps, seed:
+    the run's budget and seed; engine_dir: where an engine may write weights (vLLM)."""
+
+    def __init__(self, agents: dict[str, Agent], *, train_set: PromptDataset, eval_set: PromptDataset,
+                 data: DataConfig, rollout: RolloutConfig, responses_per_prompt: int, share_rollouts: bool,
+                 steps: int, seed: int, engine_dir: Path):
         super().__init__()
-        self.cfg = cfg
         self.agents = agents
         self.names = list(agents)
-        self.reward_fn = get_reward(cfg.data.reward)
-        self.reward_pool = RewardPool(self.reward_fn, workers=cfg.data.reward_workers,
-                                      timeout_s=cfg.data.reward_timeout_s)  # workers start on first use
+        self.data, self.rollout_cfg = data, rollout
+        self.group_size = responses_per_prompt
+        self.share_rollouts = share_rollouts
+        self.steps, self.seed, self.engine_dir = steps, seed, Path(engine_dir)
+        self._task = (train_set, eval_set)
+        self.reward_pool = RewardPool(get_reward(data.reward), workers=data.reward_workers,
+                                      timeout_s=data.reward_timeout_s)  # workers start on first use
         self.engines: dict[str, RolloutEngine] = {}
         self.train_set: PromptDataset | None = None
         self.eval_set: PromptDataset | None = None
         self._loader: ResumableLoader | None = None
 
-    @property
-    def group_size(self) -> int:
-        """Responses per prompt per agent: G times the algorithm's rollout multiplier (gspo_x2: 2G)."""
-        return self.cfg.rollout.group_size * self.cfg.algorithm.rollout_multiplier
-
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
-            train, held_out = load_task(self.cfg.data)
-            reward = self.cfg.data.reward
+            train, held_out = self._task
+            reward = self.data.reward
             self.train_set = PromptDataset(exclude_unscorable(train, reward, what=f"{train.name} (train)"), name=train.name)
             self.eval_set = PromptDataset(exclude_unscorable(held_out, reward, what=f"{held_out.name} (held out)"),
                                           name=held_out.name)
         if not self.engines:
+            backend = self.rollout_cfg.backend
             for name, agent in self.agents.items():
-                self.engines[name] = make_engine(self.cfg.rollout.backend, agent.model, **engine_options(
-                    agent, self.cfg.rollout.backend, batch_size=self.cfg.rollout.generation_batch_size,
-                    seed=self.cfg.seed, export_to=Path(self.cfg.run_dir) / "engine_dirs" / name))
+                self.engines[name] = make_engine(backend, agent.model, **engine_options(
+                    agent, backend, batch_size=self.rollout_cfg.generation_batch_size, seed=self.seed,
+                    export_to=self.engine_dir / name))
 
     def teardown(self, stage: str | None = None) -> None:
         self.reward_pool.close()  # no reward worker outlives the run
 
     def train_dataloader(self) -> ResumableLoader:
-        trainer = self.trainer
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        sampler = StepBatchSampler(len(self.train_set), self.cfg.data.prompts_per_step, self.cfg.trainer.steps,
-                                   seed=self.cfg.seed, rank=rank, world_size=world)
+        sampler = StepBatchSampler(len(self.train_set), self.data.prompts_per_step, self.steps, seed=self.seed,
+                                   rank=self._rank, world_size=self._world)
         self._loader = ResumableLoader(self.train_set, sampler)
         return self._loader
 
-    # -- one step's rollouts ----------------------------------------------------------------------
+    @property
+    def _rank(self) -> int:
+        return self.trainer.global_rank if self.trainer is not None else 0
 
-    def sampling(self, agent: Agent, *, n: int, seed: int, greedy: bool = False) -> SamplingSettings:
-        """The agent's sampling settings. No engine log-probs: the step recomputes old log-probs with a
-        forward pass, and HF `generate` would keep a [batch, vocab] score tensor per token for them."""
-        cfg = agent.cfg
-        return SamplingSettings(max_new_tokens=cfg.max_response_len, n=n,
-                                temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p,
-                                top_k=cfg.top_k, seed=seed, return_logprobs=False)
+    @property
+    def _world(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else 1
 
-    def generate(self, examples: Sequence[Example], *, step: int, n: int, greedy: bool = False,
-                 salt: int = 0) -> dict[str, list]:
-        """Every agent answers every prompt n times: agent name -> flat Generations (prompt-major)."""
+    # -- one step ---------------------------------------------------------------------------------
+
+    def generate(self, examples: Sequence[Example], *, step: int, n: int) -> dict[str, list]:
+        """Every agent answers every prompt n times with its own sampling: agent name -> flat Generations
+        (prompt-major), seeded by (run seed, step, agent, rank)."""
         out = {}
-        rank = self.trainer.global_rank if self.trainer is not None else 0
         for j, (name, agent) in enumerate(self.agents.items()):
             prompt_ids = agent.encode_prompts([ex.prompt for ex in examples])
-            settings = self.sampling(agent, n=n, greedy=greedy, seed=step_seed(self.cfg.seed, step, salt + 1000 * j + 7 * rank))
+            settings = SamplingSettings.for_agent(agent.cfg, n=n, seed=step_seed(self.seed, step, 1000 * j + 7 * self._rank))
             out[name] = self.engines[name].generate(prompt_ids, settings)
         return out
 
-    def rollout(self, examples: Sequence[Example], *, step: int) -> StepRollouts:
-        """Generate G responses per prompt with every agent's current weights, decode, and score once;
-        each rank does its own prompts, and every rank gets the whole step back."""
+    def rollout(self, examples: Sequence[Example], *, step: int) -> StepBatch:
+        """The step whole: G responses per prompt from every agent's current weights, decoded and scored
+        once on the rank that generated them, gathered so every rank holds the global batch, then each
+        learner's view of the responses it trains on."""
         examples, group, n = list(examples), self.group_size, len(self.names)
         start = time.perf_counter()
         generations = self.generate(examples, step=step, n=group)
@@ -190,20 +205,34 @@ class RolloutDataModule(pl.LightningDataModule):
         reward_s = time.perf_counter() - start
         examples, rollouts, reward_stats = self._gather(examples, rollouts)
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32).view(len(examples), n, group)
-        return StepRollouts(examples, rollouts, rewards, group, {"rollout": rollout_s, "reward": reward_s},
-                            reward_stats)
+
+        start = time.perf_counter()
+        views = self._views(examples, rollouts)
+        exchange_s = time.perf_counter() - start
+        return StepBatch(examples, rollouts, rewards, views, reward_stats,
+                         {"rollout": rollout_s, "reward": reward_s, "exchange": exchange_s})
+
+    def _views(self, examples: list[Example], rollouts: list[Rollout]) -> dict[str, AgentView]:
+        """Each learner's token view (`exchange.view_for`): every response when rollouts are shared, else
+        its own; `row_idx` keeps each row's place in the flat (prompt, source, sample) order."""
+        prompt_ids = [example.prompt_id for example in examples]
+        views = {}
+        for name in self.names:
+            rows = [i for i, r in enumerate(rollouts) if self.share_rollouts or r.source == name]
+            views[name] = view_for(self.agents[name], [rollouts[i] for i in rows], sources=self.names,
+                                   prompt_ids=prompt_ids, rows=rows)
+        return views
 
     def _gather(self, examples: list[Example], rollouts: list[Rollout]):
         """Every rank's prompts and scored rollouts, in rank order (= the global batch's prompt order,
         `StepBatchSampler`), and the reward pool's counters summed over ranks: each rank then holds
         the whole step, so the step plan is global (`hacrl_lightning.plan`)."""
         stats = dict(self.reward_pool.stats)
-        trainer = self.trainer
-        if trainer is None or trainer.world_size == 1:
+        if self._world == 1:
             return examples, rollouts, stats
         import torch.distributed as dist
 
-        shares: list = [None] * trainer.world_size
+        shares: list = [None] * self._world
         dist.all_gather_object(shares, (examples, rollouts, stats))
         examples = [example for share in shares for example in share[0]]
         rollouts = [rollout for share in shares for rollout in share[1]]
@@ -213,22 +242,21 @@ class RolloutDataModule(pl.LightningDataModule):
     # -- held-out evaluation ------------------------------------------------------------------------
 
     def evaluate(self, *, samples: int = 1, limit: int | None = None, step: int = 0) -> dict[str, dict[str, float]]:
-        """Per agent on the held-out set: greedy accuracy, and avg@k / pass@k over k sampled answers (k > 1)."""
+        """Per agent on the held-out set (`evaluation.answer_rewards`): greedy accuracy, and avg@k /
+        pass@k over k answers sampled at the agent's temperature (k > 1)."""
         from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k
 
         examples = list(self.eval_set)[:limit]
+        score = self.reward_pool.score
         results: dict[str, dict[str, float]] = {}
-        greedy = self.generate(examples, step=step, n=1, greedy=True, salt=5)
-        sampled = self.generate(examples, step=step, n=samples, salt=9) if samples > 1 else None
-        for name, agent in self.agents.items():
-            answers = make_rollouts(agent, examples, greedy[name])
-            correct = self.reward_pool.score([r.response for r in answers], [ex.gold for ex in examples])
-            row = {"acc": sum(correct) / max(1, len(correct))}
-            if sampled is not None:
-                answers = make_rollouts(agent, examples, sampled[name])
-                golds = [examples[idx // samples].gold for idx in range(len(answers))]
-                hits = torch.tensor(self.reward_pool.score([r.response for r in answers], golds)).view(len(examples), samples)
-                row[f"avg@{samples}"] = float(avg_at_k(hits))
-                row[f"pass@{samples}"] = float(pass_at_k(hits, samples))
-            results[name] = row
+        for j, (name, agent) in enumerate(self.agents.items()):
+            seed = step_seed(self.seed, step, 5 + 1000 * j + 7 * self._rank)
+            greedy = answer_rewards(agent, self.engines[name], examples, samples=1, temperature=0.0, seed=seed,
+                                    score=score)                                             # [P, 1]
+            results[name] = {"acc": float(greedy.mean()) if len(examples) else 0.0}
+            if samples > 1:
+                hits = answer_rewards(agent, self.engines[name], examples, samples=samples, temperature=None,
+                                      seed=step_seed(self.seed, step, 9 + 1000 * j + 7 * self._rank), score=score)
+                results[name][f"avg@{samples}"] = float(avg_at_k(hits))
+                results[name][f"pass@{samples}"] = float(pass_at_k(hits, samples))
         return results

@@ -36,7 +36,7 @@ from hacrl_lightning.data.records import Example
 from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, engine_options, make_engine
 
 __all__ = [
-    "PROTOCOLS", "BatchScorer", "EvalPlan", "avg_at_k", "evaluate_agents", "format_table", "load_eval_agents",
+    "PROTOCOLS", "BatchScorer", "EvalPlan", "answer_rewards", "avg_at_k", "evaluate_agents", "format_table", "load_eval_agents",
     "pass_at_k", "plan_benchmarks", "score_correct", "serial_scorer", "unbiased_pass_at_k", "write_results",
 ]
 
@@ -88,12 +88,12 @@ def score_correct(correct: torch.Tensor, pass_k: Sequence[int] = ()) -> dict[str
 
 
 def _answers(agent: Agent, engine: RolloutEngine, examples: Sequence[Example], *, samples: int,
-             temperature: float | None, seed: int, max_new_tokens: int) -> list[list[str]]:
-    """`samples` decoded answers per problem, [P][n]."""
+             temperature: float | None, seed: int) -> list[list[str]]:
+    """`samples` decoded answers per problem, [P][n]: greedy for one answer unless a temperature is
+    given, else sampled at the agent's own temperature."""
     if temperature is None:
         temperature = 0.0 if samples == 1 else agent.cfg.temperature
-    sampling = SamplingSettings(max_new_tokens=max_new_tokens, n=samples, temperature=temperature,
-                                top_p=agent.cfg.top_p, top_k=agent.cfg.top_k, seed=seed)
+    sampling = SamplingSettings.for_agent(agent.cfg, n=samples, seed=seed, temperature=temperature)
     prompt_ids = agent.encode_prompts([ex.prompt for ex in examples])
     generations = engine.generate(prompt_ids, sampling)
     texts = [agent.decode_response(g.token_ids) for g in generations]
@@ -107,6 +107,15 @@ BatchScorer = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 def serial_scorer(reward_fn: Callable[[str, str], float]) -> BatchScorer:
     """A BatchScorer calling `reward_fn(response, gold)` item by item in this process."""
     return lambda responses, golds: [float(reward_fn(r, g)) for r, g in zip(responses, golds)]
+
+
+def answer_rewards(agent: Agent, engine: RolloutEngine, examples: Sequence[Example], *, samples: int,
+                   temperature: float | None, seed: int, score: BatchScorer) -> torch.Tensor:
+    """One agent's rewards on `samples` answers to each problem, [P, samples] float64 (the one
+    held-out scorer: benchmark tables here, and the DataModule's evaluation during training)."""
+    answers = _answers(agent, engine, examples, samples=samples, temperature=temperature, seed=seed)
+    flat = score([text for row in answers for text in row], [ex.gold for ex in examples for _ in range(samples)])
+    return torch.tensor(list(flat), dtype=torch.float64).view(len(examples), samples)
 
 
 def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequence[Example]],
@@ -131,11 +140,8 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
         rows: dict[str, Any] = {}
         for b, plan in enumerate(plans):
             examples = list(benchmarks[plan.benchmark])
-            answers = _answers(agent, engines[name], examples, samples=plan.samples, temperature=temperature,
-                               seed=seed + 1000 * j + b, max_new_tokens=agent.max_response_len)
-            flat = score([text for row in answers for text in row],
-                         [ex.gold for ex in examples for _ in range(plan.samples)])
-            rewards = torch.tensor(list(flat), dtype=torch.float64).view(len(examples), plan.samples)  # [P, n]
+            rewards = answer_rewards(agent, engines[name], examples, samples=plan.samples, temperature=temperature,
+                                     seed=seed + 1000 * j + b, score=score)                    # [P, n]
             scores = score_correct(rewards, plan.pass_k)
             rows[plan.benchmark] = {
                 **scores, "headline": scores[plan.headline],

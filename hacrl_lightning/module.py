@@ -1,24 +1,29 @@
 """HACRLModule: N agents, one optimizer each, manual optimization, one HACPO step per prompt batch.
 
-`training_step` reads top to bottom as Algorithm 1 of the paper (HACPO_SPEC §7): rollouts from
-every agent's current weights, one reward per response, the capability window and omega, each
-source's old log-probs (one forward pass over its own responses, shared by every learner), then
-for each learner its view of the responses, its advantages, and mini-batches ordered own-first
-with the mini-batch index m handed to the loss. Under data parallelism every rank holds the whole
-step's rollouts and builds the same global plan of mini-batches (`plan.py`), trains on its slice of
-each, and normalises the loss over the global mini-batch, so an update is the one a single device
-would make on the whole batch (docs/training.md). Single-agent algorithms (grpo, gspo, gspo_x2) run
-the same loop with views that hold only the learner's own responses, so one run compares like
-with like. A non-finite loss or gradient skips that learner's update, leaving its weights and
-optimizer state as they were, and the step's metrics count degenerate rollouts (docs/reliability.md).
-Deliberately not here: sampling and rewards (the DataModule), retokenization
-(`agents/exchange.py`), the math (`algorithms/`), and checkpoint/eval/sync policy (callbacks).
+`training_step` reads top to bottom as Algorithm 1 of the paper (HACPO_SPEC §7), on the `StepBatch`
+the DataModule hands over (rollouts from every agent's current weights, one reward per response, each
+learner's token view): the capability window and omega, each source's old log-probs (one forward pass
+over its own responses, shared by every learner), then for each learner its advantages and its
+mini-batches ordered own-first, each with the cross-ratio lower bound the clip-schedule callback gives
+for its index m. Under data parallelism every rank holds the whole step and builds the same global
+plan of mini-batches (`plan.py`), trains on its slice of each, and normalises the loss over the
+global mini-batch, so an update is the one a single device would make on the whole batch
+(docs/training.md). Single-agent algorithms (grpo, gspo, gspo_x2) run the same loop with views that
+hold only the learner's own responses, so one run compares like with like. A non-finite loss or
+gradient skips that learner's update, leaving its weights and optimizer state as they were, and the
+step's metrics count degenerate rollouts (docs/reliability.md).
+
+Metrics reach the loggers one way: `report()`, used by the module and by the callbacks, and written
+once per step. Deliberately not here: sampling, rewards and retokenization (the DataModule and
+`agents/exchange.py`), the math (`algorithms/`), the capability window's state and the clip schedule
+(their callbacks own them), and checkpoint/eval/sync policy (callbacks).
 """
 
 from __future__ import annotations
 
-import math
 import time
+from dataclasses import dataclass
+from typing import Mapping, Protocol
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
@@ -26,10 +31,11 @@ import torch
 from torch import nn
 
 from hacrl_lightning.agents.agent import Agent
-from hacrl_lightning.agents.exchange import AgentView, view_for
-from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, step_accuracy
-from hacrl_lightning.config import TrainConfig, parse_cross_samples
-from hacrl_lightning.datamodule import StepRollouts, step_seed
+from hacrl_lightning.agents.exchange import AgentView
+from hacrl_lightning.algorithms import CapabilityWindow, compute_advantages, hacpo_loss, sequence_mean_logp, step_accuracy
+from hacrl_lightning.config import AlgorithmConfig, parse_cross_samples
+from hacrl_lightning.datamodule import StepBatch, step_seed
+from hacrl_lightning.loss_stats import LossStats
 from hacrl_lightning.plan import StepPlan, learner_order
 
 
@@ -38,74 +44,41 @@ class NonFiniteError(RuntimeError):
     `trainer.max_nonfinite_skips` allows; its weights and optimizer state are those of its last good update."""
 
 
+class CrossLowerBound(Protocol):
+    """Where the cross-ratio lower bound of mini-batch m comes from (`callbacks.StepwiseClipCallback`)."""
+
+    def lower(self, m: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What the update loop reads besides the algorithm (`training.update_settings` builds it)."""
+
+    mini_batch_size: int
+    """Responses per mini-batch (mini_batch_prompts / rollout_multiplier prompts of G·multiplier responses)."""
+    micro_batch_size: int
+    """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    max_nonfinite_skips: int
+    precision: str
+    """`trainer.precision`: how agents and KL references are sharded under FSDP (bf16-mixed or 32-true)."""
+    seed: int
+    """The run seed: each learner's mini-batch order is drawn from (seed, step, learner)."""
+
+
 def _detach_mean(values: list[torch.Tensor]) -> float:
     return float(torch.stack([v.float() for v in values]).mean()) if values else float("nan")
 
 
-class _MetricSums:
-    """The loss metrics of one step, kept as sums so that they reduce exactly over micro-batches and
-    ranks: a rate is a weighted mean over the responses (or tokens) it describes, `_min`/`_max` reduce
-    by min/max, counts add up, and a loss is the mean over mini-batches of the mini-batch loss (the sum
-    of its micro-batch and rank parts). So a logged rate is the global one, the same on 1 or 8 ranks."""
-
-    def __init__(self) -> None:
-        self.parts: dict[str, list] = {}     # key -> [kind, value, weight]
-        self.mini_batches: dict[str, int] = {}
-
-    def _add(self, key: str, kind: str, value: float, weight: float = 1.0) -> None:
-        entry = self.parts.setdefault(key, [kind, None, 0.0])
-        if kind == "min":
-            entry[1] = value if entry[1] is None else min(entry[1], value)
-        elif kind == "max":
-            entry[1] = value if entry[1] is None else max(entry[1], value)
-        else:
-            entry[1] = (entry[1] or 0.0) + value * weight
-        entry[2] += weight
-
-    def add_loss_metrics(self, agent: str, metrics: dict[str, torch.Tensor], *, own_weight=None) -> None:
-        """One micro-batch's `hacpo_loss` metrics; `own_weight` counts the tokens own-response rates were
-        taken over (token-level ratios), else they are per own response (`count/self`)."""
-        weights = {"self": float(metrics["count/self"] if own_weight is None else own_weight),
-                   "cross": float(metrics["count/cross"])}
-        for key, value in metrics.items():
-            value = float(value)
-            full = f"{agent}/{key}"
-            if key.startswith(("loss/", "count/")):
-                self._add(full, "sum", value)
-            elif key.endswith(("_min", "_max")):
-                self._add(full, key[-3:], value)
-            else:
-                self._add(full, "mean", value, weights["cross" if "cross" in key else "self"])
-
-    def reduce(self, gather) -> dict[str, float]:
-        """Combine every rank's sums (`gather(obj)` returns all ranks' objects) into the step's metrics."""
-        merged: dict[str, list] = {}
-        combine = {"min": min, "max": max}
-        for parts in gather(self.parts):
-            for key, (kind, value, weight) in parts.items():
-                if key not in merged:
-                    merged[key] = [kind, value, weight]
-                    continue
-                entry = merged[key]
-                entry[1] = combine.get(kind, lambda a, b: a + b)(entry[1], value)
-                entry[2] += weight
-        out = {}
-        for key, (kind, value, weight) in merged.items():
-            agent = key.split("/", 1)[0]
-            if kind == "mean":
-                out[key] = value / weight if weight else float("nan")
-            elif key.startswith(f"{agent}/loss/"):
-                out[key] = value / max(1, self.mini_batches.get(agent, 1))
-            else:
-                out[key] = value
-        return out
-
-
 class HACRLModule(pl.LightningModule):
-    def __init__(self, cfg: TrainConfig, agents: dict[str, Agent]):
+    """agents: the run's agents in config order (= optimizer order); algorithm: the resolved preset;
+    update: sizes and limits of the update loop; capability: the window its callback owns and saves;
+    clip_schedule: the source of each mini-batch's cross lower bound."""
+
+    def __init__(self, agents: dict[str, Agent], *, algorithm: AlgorithmConfig, update: UpdateSettings,
+                 capability: CapabilityWindow, clip_schedule: CrossLowerBound):
         super().__init__()
-        self.cfg = cfg
-        self.alg = cfg.algorithm
+        self.alg = algorithm
+        self.settings = update
         self.agents = nn.ModuleDict(agents)
         self.names = list(agents)
         self.automatic_optimization = False
@@ -114,18 +87,42 @@ class HACRLModule(pl.LightningModule):
             for name, agent in agents.items():
                 reference = Agent(name, _frozen_copy(agent.model), agent.tokenizer, agent.cfg)
                 self.references[name] = reference
+        self.capability = capability
+        self.clip_schedule = clip_schedule
+        self.loss_settings = algorithm.loss_settings()
+        self.advantage_settings = algorithm.advantage_settings()
         self.cross_cap = parse_cross_samples(self.alg.cross_samples_per_prompt)
-        self.capability = None            # set by CapabilityCallback
-        self.cross_clip_bounds = None     # set by StepwiseClipCallback (else computed from m)
+        self.loss_stats = LossStats(self.names)
         self.steps_done = 0
         self.counters = {name: {"rollouts_generated": 0, "responses_trained": 0, "optimizer_updates": 0,
                                 "skipped_updates": 0} for name in self.names}
         self.fault_streak = {name: 0 for name in self.names}
         """Consecutive steps in which an agent skipped an update for a non-finite loss or gradient."""
         self.last_metrics: dict[str, float] = {}
-        self.step_metrics: dict[str, float] = {}
-        """This step's scalars, the module's and the callbacks' (clip bounds, weight sync time), written
-        to the loggers in one call at the end of the step (`on_train_batch_end`)."""
+        """The last training step's own scalars (the callbacks report theirs beside them)."""
+        self._pending: dict[str, float] = {}
+
+    # -- metrics: one way in ----------------------------------------------------------------------
+
+    def report(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
+        """The one way scalars reach the loggers. Without `step` they join this training step's single
+        write (`on_train_batch_end`, every `log_every` steps); with `step` (evaluation before or between
+        steps) they are written at once at that step."""
+        if step is None:
+            self._pending.update(metrics)
+            return
+        if self.trainer.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics(dict(metrics), step=step)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        """One logger write per step, after the callbacks reported theirs (Lightning calls the callbacks'
+        hook first). Lightning's `self.log` costs milliseconds per key on CPU (a torchmetrics state per
+        key), which at ~30 keys per agent was about a tenth of a tiny-model step (docs/PERFORMANCE.md)."""
+        metrics, self._pending = self._pending, {}
+        every = self.trainer.log_every_n_steps
+        if metrics and every and self.steps_done % every == 0:
+            self.report(metrics, step=self.steps_done - 1)
 
     # -- optimizers -----------------------------------------------------------------------------
 
@@ -135,7 +132,7 @@ class HACRLModule(pl.LightningModule):
             return
         from hacrl_lightning.strategies import shard_agent
 
-        precision = self.cfg.trainer.precision
+        precision = self.settings.precision
         for agent in self.agents.values():
             shard_agent(agent.model, mesh["data_parallel"], precision=precision)
         for reference in self.references.values():  # frozen, sharded alike: same compute as its policy
@@ -161,22 +158,6 @@ class HACRLModule(pl.LightningModule):
         assert len(opts) == len(self.names) == len(scheds), "one optimizer and schedule per agent, in agent order"
         return dict(zip(self.names, opts)), dict(zip(self.names, scheds))
 
-    # -- sizes ----------------------------------------------------------------------------------
-
-    def mini_batch_samples(self) -> int:
-        """Responses per mini-batch: mini_batch_prompts / multiplier prompts of G * multiplier responses."""
-        mult = self.alg.rollout_multiplier
-        return (self.cfg.trainer.mini_batch_prompts // mult) * self.cfg.rollout.group_size * mult
-
-    def max_mini_batches(self) -> int:
-        """Mini-batches per learner per step (n·P/mini_batch_prompts for HACPO, HACPO_SPEC §7), P the global batch."""
-        group = self.cfg.rollout.group_size * self.alg.rollout_multiplier
-        per_prompt = group * (len(self.names) if self.alg.share_rollouts else 1)
-        if self.alg.share_rollouts and self.cross_cap is not None:
-            per_prompt = group + min(self.cross_cap, group * (len(self.names) - 1))
-        samples = self.cfg.data.prompts_per_step * per_prompt  # the global batch, whatever the world size
-        return max(1, math.ceil(samples / self.mini_batch_samples()))
-
     # -- the step -------------------------------------------------------------------------------
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
@@ -186,67 +167,47 @@ class HACRLModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         step = self.steps_done
-        dm = self.trainer.datamodule
 
-        # 1-3. rollouts from the current weights, one reward each; every rank gets the global batch
-        rolled: StepRollouts = dm.rollout(batch, step=step)
+        # 1-3. the step whole from the DataModule: rollouts of the current weights, rewards, each learner's view
+        data: StepBatch = self.trainer.datamodule.rollout(batch, step=step)
         for name in self.names:
-            self.counters[name]["rollouts_generated"] += len(rolled.examples) * rolled.group_size
+            self.counters[name]["rollouts_generated"] += len(data.examples) * data.group_size
 
         # 4. capability window over the global batch, omega
-        acc = step_accuracy(rolled.rewards)                                                 # [n]
+        acc = step_accuracy(data.rewards)                                                   # [n]
         self.capability.update(acc)
-        omega = self.capability.omega()                                                    # [n, n]
+        omega = self.capability.omega()                                                     # [n, n]
 
-        # 5-6a. each learner's view and its global plan; each source's old log-probs on its own responses
+        # 5-6a. each learner's global plan; each source's old log-probs on its own responses
+        plans = {name: self._plan(data.views[name], k, step) for k, name in enumerate(self.names)}
         start = time.perf_counter()
-        prompt_ids = [example.prompt_id for example in rolled.examples]
-        views, plans = {}, {}
-        for k, name in enumerate(self.names):
-            rollouts = rolled.rollouts if self.alg.share_rollouts else [r for r in rolled.rollouts if r.source == name]
-            views[name] = view_for(self.agents[name], rollouts, sources=self.names, prompt_ids=prompt_ids)
-            plans[name] = self._plan(views[name], k, step)
-        exchange_s = time.perf_counter() - start
-        start = time.perf_counter()
-        old_tokens, ref_tokens = self._old_logprobs(views, plans, rolled.rewards.shape)  # {k: [B, T]}
+        old_mean, old_tokens, ref_tokens = self._old_logprobs(data.views, plans, data.rewards.numel())
         old_s = time.perf_counter() - start
 
-        # 6b-c. advantages from each learner's view, then its mini-batches
-        advantages = compute_advantages(rolled.rewards, omega, self.alg)                   # [n, P, n, G]
+        # 6b-c. advantages from the joint rewards, then each learner's mini-batches
+        advantages = compute_advantages(data.rewards, omega, **self.advantage_settings)     # [n, P, n, G]
         start = time.perf_counter()
-        sums = _MetricSums()
         metrics: dict[str, float] = {}
         for k, name in enumerate(self.names):
-            metrics.update(self._update_learner(k, name, views[name], plans[name], advantages[k], old_tokens[name],
-                                                ref_tokens.get(name), omega, sums))
-        metrics.update(sums.reduce(self._gather_objects))
+            metrics.update(self._update_learner(k, name, data.views[name], plans[name], advantages[k].flatten(),
+                                                old_mean, old_tokens[name], ref_tokens.get(name), omega))
+        metrics.update(self.loss_stats.compute({name: len(plans[name]) for name in self.names}))  # over all ranks
+        self.loss_stats.reset()
         update_s = time.perf_counter() - start
 
         # 7. weight sync runs in WeightSyncCallback; metrics
         self.steps_done += 1
-        metrics.update(self._rollout_metrics(rolled, acc, omega))
-        metrics.update(self._view_metrics(views))
-        metrics.update({"time/rollout": rolled.timings["rollout"], "time/reward": rolled.timings["reward"],
-                        "time/exchange": exchange_s, "time/old_logprobs": old_s, "time/update": update_s,
-                        "reward/timeouts": rolled.reward_stats.get("timeouts", 0),
-                        "reward/crashes": rolled.reward_stats.get("crashes", 0)})
+        metrics.update(self._rollout_metrics(data, acc, omega))
+        metrics.update(self._view_metrics(data.views))
+        metrics.update({"time/rollout": data.timings["rollout"], "time/reward": data.timings["reward"],
+                        "time/exchange": data.timings["exchange"], "time/old_logprobs": old_s,
+                        "time/update": update_s, "reward/timeouts": data.reward_stats.get("timeouts", 0),
+                        "reward/crashes": data.reward_stats.get("crashes", 0)})
         self.last_metrics = metrics
-        self.step_metrics.update(metrics)
+        self.report(metrics)
         for name in self.names:
-            self.log(f"{name[:8]}_acc", metrics[f"{name}/acc"], prog_bar=True, logger=False,
+            self.log(f"{name[:8]}_reward", metrics[f"{name}/reward"], prog_bar=True, logger=False,
                      on_step=True, on_epoch=False, batch_size=len(batch))
-
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        """One logger write per step (every `log_every` steps), after the callbacks added theirs.
-
-        Lightning's `self.log` costs milliseconds per key on CPU (a torchmetrics state per key),
-        which at ~30 keys per agent was about a tenth of a tiny-model step (docs/PERFORMANCE.md); the
-        loggers get the same scalars at the same step (Lightning's `_batches_that_stepped`)."""
-        metrics, self.step_metrics = self.step_metrics, {}
-        every = self.trainer.log_every_n_steps
-        if metrics and every and self.steps_done % every == 0:
-            for logger in self.loggers:
-                logger.log_metrics(metrics, step=self.steps_done - 1)
 
     # -- pieces of the step -----------------------------------------------------------------------
 
@@ -259,30 +220,31 @@ class HACRLModule(pl.LightningModule):
         """Learner k's mini-batches over the global batch (`hacrl_lightning.plan`): own rows first, then
         partners' in agent order, shuffled within each part by a generator seeded with (seed, step, k),
         so every rank builds the same plan."""
-        generator = torch.Generator().manual_seed(step_seed(self.cfg.seed, step, salt=31 + k))
+        generator = torch.Generator().manual_seed(step_seed(self.settings.seed, step, salt=31 + k))
         order = learner_order(view.is_own, view.source_idx, view.prompt_idx, learner=k, cross_cap=self.cross_cap,
                               generator=generator)
         rank, world = self._rank_world
-        return StepPlan.build(order, mini_batch_size=self.mini_batch_samples(), rank=rank, world=world)
+        return StepPlan.build(order, mini_batch_size=self.settings.mini_batch_size, rank=rank, world=world)
 
     @torch.no_grad()
-    def _old_logprobs(self, views: dict[str, AgentView], plans: dict[str, StepPlan], shape: torch.Size):
+    def _old_logprobs(self, views: dict[str, AgentView], plans: dict[str, StepPlan], rows: int):
         """One forward pass per source over its own responses, before any update (HACPO_SPEC §5
         Decision). Each rank scores the own rows it will train on (its shares of the source's own
-        mini-batches); the per-response means are summed over ranks into a [P, n, G] table and go
-        into every learner's view (`view.old_logprob_mean`, in the source's tokenization). Returned
-        per learner are the per-token old (and reference) log-probs of this rank's own rows [B, T]
-        (zero elsewhere), which the token-level loss and the KL use."""
-        table = torch.zeros(shape)                                                          # [P, n, G]
+        mini-batches). Returns the source's mean old log-prob of every response of the step, in the
+        flat (prompt, source, sample) order and the source's tokenization ([P·n·G], summed over ranks:
+        each response is scored on exactly one rank), and per learner the per-token old (and
+        reference) log-probs of this rank's own rows ([B, T], zero elsewhere), which the token-level
+        loss and the KL use."""
+        old_mean = torch.zeros(rows)                                                         # [P·n·G]
         old_tokens, ref_tokens = {}, {}
-        for j, name in enumerate(self.names):
+        for name in self.names:
             view, agent = views[name], self.agents[name]
             old_tokens[name] = torch.zeros(view.input_ids.shape)                            # [B, T]
             if name in self.references:
                 ref_tokens[name] = torch.zeros(view.input_ids.shape)
-            for rows in plans[name].micro_batches_where(view.is_own, self.cfg.trainer.micro_batch_size):
-                dummy = len(rows) == 0  # this rank has fewer rows: a forward all the same (FSDP collectives)
-                micro = view.select(torch.nonzero(view.is_own).flatten()[:1] if dummy else rows).to(self.device)
+            for batch_rows in plans[name].micro_batches_where(view.is_own, self.settings.micro_batch_size):
+                dummy = len(batch_rows) == 0  # this rank has fewer rows: a forward all the same (FSDP collectives)
+                micro = view.select(torch.nonzero(view.is_own).flatten()[:1] if dummy else batch_rows).to(self.device)
                 logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
                 ref = None
                 if name in self.references:
@@ -290,22 +252,18 @@ class HACRLModule(pl.LightningModule):
                                                                temperature=agent.cfg.temperature)
                 if dummy:
                     continue
-                mask = micro.loss_mask
-                old_tokens[name][rows, : logp.shape[1]] = logp.float().cpu()
-                means = ((logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)).float().cpu()
-                table[view.prompt_idx[rows], j, view.sample_idx[rows]] = means
+                old_tokens[name][batch_rows, : logp.shape[1]] = logp.float().cpu()
+                old_mean[view.row_idx[batch_rows]] = sequence_mean_logp(logp, micro.loss_mask).float().cpu()
                 if ref is not None:
-                    ref_tokens[name][rows, : ref.shape[1]] = ref.float().cpu()
-        table = self._sum_over_ranks(table)  # each response was scored on exactly one rank
-        for view in views.values():
-            view.old_logprob_mean = table[view.prompt_idx, view.source_idx, view.sample_idx]  # [B]
-        return old_tokens, ref_tokens
+                    ref_tokens[name][batch_rows, : ref.shape[1]] = ref.float().cpu()
+        return self._sum_over_ranks(old_mean), old_tokens, ref_tokens
 
     def _update_learner(self, k: int, name: str, view: AgentView, plan: StepPlan, adv_k: torch.Tensor,
-                        old_tokens: torch.Tensor, ref_tokens: torch.Tensor | None, omega: torch.Tensor,
-                        sums: "_MetricSums") -> dict[str, float]:
+                        old_mean: torch.Tensor, old_tokens: torch.Tensor, ref_tokens: torch.Tensor | None,
+                        omega: torch.Tensor) -> dict[str, float]:
         """All mini-batch updates of learner k in this step; returns its metrics that need no reduction
-        over ranks and adds the others to `sums`.
+        over ranks and adds the loss metrics to `self.loss_stats`. adv_k, old_mean: [P·n·G] in the
+        step's flat order.
 
         Each mini-batch is normalised over the *global* mini-batch (its sequences, or its tokens for
         token-mean), and this rank's loss is scaled by the world size because FSDP averages gradients
@@ -314,28 +272,29 @@ class HACRLModule(pl.LightningModule):
         opts, scheds = self._optimizers()
         opt, sched = opts[name], scheds[name]
         _, world = self._rank_world
-        advantages = adv_k[view.prompt_idx, view.source_idx, view.sample_idx]              # [B]
+        advantages = adv_k[view.row_idx]                                                     # [B]
+        old_logp_mean = old_mean[view.row_idx]                                               # [B]
         omega_factor = omega[view.source_idx, k]                                            # [B]  omega[j, k]
         token_level = self.alg.ratio_level == "token"
+        on_device = lambda t: t.to(self.device)  # noqa: E731
         grad_norms, skipped = [], []
         for m, mini in enumerate(plan.mini_batches):
             opt.zero_grad(set_to_none=True)
             finite_loss = torch.ones((), dtype=torch.bool, device=self.device)
             total_tokens = view.loss_mask[mini].sum().clamp(min=1)                          # global mini-batch
             total_seqs = torch.tensor(float(len(mini)))
-            lower = self.cross_clip_bounds[m] if self.cross_clip_bounds and m < len(self.cross_clip_bounds) else None
-            for rows in plan.micro_batches(m, self.cfg.trainer.micro_batch_size):
+            cross_lower = self.clip_schedule.lower(m)                                       # Eq. 14, the callback's
+            for rows in plan.micro_batches(m, self.settings.micro_batch_size):
                 dummy = len(rows) == 0  # a zero-weight pass keeps this rank in step with the others (FSDP)
                 rows = mini[:1] if dummy else rows
                 micro = view.select(rows).to(self.device)
                 logp = agent.token_logprobs(micro.input_ids, micro.attention_mask,
                                             temperature=agent.cfg.temperature)              # [b, T]
                 width = logp.shape[1]
-                on_device = lambda t: t.to(self.device)  # noqa: E731
                 loss, metrics = hacpo_loss(
                     logp_new=logp, loss_mask=micro.loss_mask, advantages=on_device(advantages[rows]),
-                    is_own=micro.is_own, cfg=self.alg, m=m, cross_lower=lower,
-                    old_logp_mean=micro.old_logprob_mean,
+                    is_own=micro.is_own, **self.loss_settings, cross_lower=cross_lower,
+                    old_logp_mean=on_device(old_logp_mean[rows]),
                     old_logp=on_device(old_tokens[rows, :width]),
                     omega_factor=on_device(omega_factor[rows]),
                     ref_logp=None if ref_tokens is None else on_device(ref_tokens[rows, :width]),
@@ -346,7 +305,7 @@ class HACRLModule(pl.LightningModule):
                 finite_loss &= torch.isfinite(loss.detach())
                 if not dummy:
                     own_tokens = (micro.loss_mask & micro.is_own[:, None]).sum() if token_level else None
-                    sums.add_loss_metrics(name, metrics, own_weight=own_tokens)
+                    self.loss_stats.update(name, metrics, own_weight=own_tokens)
             grad_norm = self._clip(agent)
             if not self._finite_on_every_rank(finite_loss & torch.isfinite(grad_norm)):  # one sync per mini-batch
                 opt.zero_grad(set_to_none=True)  # skip: weights, optimizer state and LR schedule stay as they were
@@ -359,11 +318,10 @@ class HACRLModule(pl.LightningModule):
         order = plan.rows
         self.counters[name]["responses_trained"] += len(order)
         self._count_faults(name, self.steps_done, skipped)
-        out = {f"{name}/grad_norm": _detach_mean(grad_norms), f"{name}/updates": float(len(grad_norms)),
-               f"{name}/skipped_updates": float(len(skipped)), f"{name}/mini_batches": float(len(plan))}
-        sums.mini_batches[name] = len(plan)
-        out[f"{name}/degenerate/zero_adv_frac"] = float((advantages[order] == 0).float().mean()) if len(order) else 0.0
-        return out
+        return {f"{name}/grad_norm": _detach_mean(grad_norms), f"{name}/updates": float(len(grad_norms)),
+                f"{name}/skipped_updates": float(len(skipped)), f"{name}/mini_batches": float(len(plan)),
+                f"{name}/degenerate/zero_adv_frac":
+                    float((advantages[order] == 0).float().mean()) if len(order) else 0.0}
 
     def _count_faults(self, name: str, step: int, skipped: list[int]) -> None:
         """Warn about this step's skipped updates of `name`; stop the run after too many faulty steps in a row."""
@@ -372,7 +330,7 @@ class HACRLModule(pl.LightningModule):
             return
         self.counters[name]["skipped_updates"] += len(skipped)
         streak = self.fault_streak[name] = self.fault_streak[name] + 1
-        limit = self.cfg.trainer.max_nonfinite_skips
+        limit = self.settings.max_nonfinite_skips
         rank_zero_warn(f"agent {name!r}: non-finite loss or gradient at step {step} (mini-batches {skipped}); "
                        f"those updates were skipped, its weights and optimizer state are unchanged "
                        f"({streak} faulty step(s) in a row; trainer.max_nonfinite_skips={limit})")
@@ -404,23 +362,14 @@ class HACRLModule(pl.LightningModule):
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total.to(values.device)
 
-    def _gather_objects(self, value) -> list:
-        """`value` from every rank, in rank order (one collective)."""
-        if self._rank_world[1] == 1:
-            return [value]
-        import torch.distributed as dist
-
-        out: list = [None] * self._rank_world[1]
-        dist.all_gather_object(out, value)
-        return out
-
-    def _rollout_metrics(self, rolled: StepRollouts, acc: torch.Tensor, omega: torch.Tensor) -> dict[str, float]:
+    def _rollout_metrics(self, data: StepBatch, acc: torch.Tensor, omega: torch.Tensor) -> dict[str, float]:
+        """Rewards, accuracy, lengths and omega of the global batch (every rank holds all of it)."""
         metrics = {}
         for j, name in enumerate(self.names):
-            own = [r for r in rolled.rollouts if r.source == name]
+            own = [r for r in data.rollouts if r.source == name]
             lengths = [len(r.token_ids) for r in own]
             truncated = [r.finish_reason == "length" for r in own]
-            metrics[f"{name}/reward"] = float(rolled.rewards[:, j].mean())
+            metrics[f"{name}/reward"] = float(data.rewards[:, j].mean())
             metrics[f"{name}/acc"] = float(acc[j])
             metrics[f"{name}/resp_len"] = sum(lengths) / max(1, len(lengths))
             metrics[f"{name}/truncated_frac"] = sum(truncated) / max(1, len(truncated))
@@ -428,9 +377,9 @@ class HACRLModule(pl.LightningModule):
             for i, partner in enumerate(self.names):
                 if i != j and self.alg.share_rollouts:
                     metrics[f"{name}/omega/{partner}"] = float(omega[i, j])  # factor on learner j's cross term from i
-        tokens = sum(len(r.token_ids) for r in rolled.rollouts)
-        metrics["throughput/rollout_tokens_per_s"] = tokens / max(rolled.timings["rollout"], 1e-9)
-        joint = rolled.rewards.flatten(1)                                                     # [P, n*G]
+        tokens = sum(len(r.token_ids) for r in data.rollouts)
+        metrics["throughput/rollout_tokens_per_s"] = tokens / max(data.timings["rollout"], 1e-9)
+        joint = data.rewards.flatten(1)                                                     # [P, n*G]
         metrics["rollout/equal_reward_frac"] = float((joint == joint[:, :1]).all(-1).float().mean())  # A = 0 there
         return metrics
 

@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from hacrl_lightning.agents.agent import Agent
+from hacrl_lightning.algorithms.capability import CapabilityWindow
 from hacrl_lightning.callbacks.capability import CapabilityCallback
 from hacrl_lightning.callbacks.checkpoint import StepCheckpoint, latest_checkpoint
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
@@ -26,18 +27,56 @@ from hacrl_lightning.callbacks.timing import StepTimer
 from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
 from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
 from hacrl_lightning.config import TrainConfig
-from hacrl_lightning.data.tasks import task_check_texts
+from hacrl_lightning.data.records import PromptDataset
+from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
-from hacrl_lightning.module import HACRLModule
+from hacrl_lightning.module import HACRLModule, UpdateSettings
 from hacrl_lightning.strategies import lightning_precision, make_strategy
 
 
-def load_agents(cfg: TrainConfig) -> dict[str, Agent]:
-    """Every configured agent, in config order (= optimizer order), checked lossless on the task's texts.
-    Weights load in fp32, whatever an agent's `dtype`: they are the master weights (docs/training.md)."""
-    texts = task_check_texts(cfg.data)
+def load_agents(cfg: TrainConfig, task: tuple[PromptDataset, PromptDataset] | None = None) -> dict[str, Agent]:
+    """Every configured agent, in config order (= optimizer order), checked lossless on the task's texts
+    (`task`: the (train, held-out) sets when already loaded). Weights load in fp32, whatever an agent's
+    `dtype`: they are the master weights (docs/training.md)."""
+    texts = task_check_texts(task if task is not None else load_task(cfg.data))
     return {name: Agent.load(name, agent_cfg, zoo_cache=cfg.zoo_cache, check_texts=texts, dtype=torch.float32)
             for name, agent_cfg in cfg.agents.items()}
+
+
+def update_settings(cfg: TrainConfig) -> UpdateSettings:
+    """The update loop's sizes and limits from the run config."""
+    mini_batch_size = (cfg.trainer.mini_batch_prompts // cfg.algorithm.rollout_multiplier) * cfg.responses_per_prompt
+    return UpdateSettings(mini_batch_size=mini_batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
+                          max_nonfinite_skips=cfg.trainer.max_nonfinite_skips, precision=cfg.trainer.precision,
+                          seed=cfg.seed)
+
+
+def build_system(cfg: TrainConfig, run_dir: Path) -> tuple[HACRLModule, RolloutDataModule, list[pl.Callback], dict]:
+    """The run's module, DataModule and core callbacks (capability window, clip schedule, weight sync,
+    step timer, held-out evaluation, checkpoints), each given the values it uses; the task loads once.
+    Returns them and the callbacks by role (`timer`, `evaluation`) for the summary."""
+    task = load_task(cfg.data)
+    agents = load_agents(cfg, task)
+    names = list(agents)
+    window = CapabilityWindow(len(names), **cfg.algorithm.capability_settings())
+    clip_schedule = StepwiseClipCallback(delta=cfg.algorithm.delta, delta_step=cfg.algorithm.delta_step)
+    module = HACRLModule(agents, algorithm=cfg.algorithm, update=update_settings(cfg), capability=window,
+                         clip_schedule=clip_schedule)
+    datamodule = RolloutDataModule(agents, train_set=task[0], eval_set=task[1], data=cfg.data, rollout=cfg.rollout,
+                                   responses_per_prompt=cfg.responses_per_prompt,
+                                   share_rollouts=cfg.algorithm.share_rollouts, steps=cfg.trainer.steps, seed=cfg.seed,
+                                   engine_dir=run_dir / "engine_dirs")
+    roles = {"timer": StepTimer(),
+             "evaluation": HeldOutEvalCallback(every=cfg.trainer.eval_every, samples=cfg.trainer.eval_samples)}
+    callbacks = [
+        CapabilityCallback(window, names),
+        clip_schedule,
+        WeightSyncCallback(),
+        roles["timer"],  # after weight sync (part of a step), before evaluation (not part of it)
+        roles["evaluation"],
+        StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every),
+    ]
+    return module, datamodule, callbacks, roles
 
 
 def build_trainer(cfg: TrainConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
@@ -61,21 +100,9 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = ()) -> dict[
     run_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
-    agents = load_agents(cfg)
-    module = HACRLModule(cfg, agents)
-    datamodule = RolloutDataModule(cfg, agents)
-    evaluation = HeldOutEvalCallback(every=cfg.trainer.eval_every, samples=cfg.trainer.eval_samples)
-    timer = StepTimer()
-    callbacks = [
-        CapabilityCallback(list(agents), cfg.algorithm),
-        StepwiseClipCallback(cfg.algorithm),
-        WeightSyncCallback(),
-        timer,  # after weight sync (part of a step), before evaluation (not part of it)
-        evaluation,
-        StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every),
-        *extra_callbacks,
-    ]
-    trainer = build_trainer(cfg, run_dir, callbacks)
+    module, datamodule, callbacks, roles = build_system(cfg, run_dir)
+    evaluation, timer = roles["evaluation"], roles["timer"]
+    trainer = build_trainer(cfg, run_dir, [*callbacks, *extra_callbacks])
     ckpt_path = str(latest_checkpoint(cfg.resume)) if cfg.resume else None
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 

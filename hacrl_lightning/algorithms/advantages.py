@@ -17,8 +17,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from hacrl_lightning.config import AlgorithmConfig
-
 ADVANTAGES = ("hacpo", "group")
 """`hacpo`: the capability-aware joint baseline (HACPO_SPEC §4); `group`: each group's own mean/std (GRPO/GSPO)."""
 
@@ -106,10 +104,12 @@ def hacpo_advantages(
     return adv.masked_fill(_all_equal(joint)[None, :, None, None], 0.0)
 
 
-def compute_advantages(rewards: Tensor, omega: Optional[Tensor], cfg: AlgorithmConfig, *, eps: float = 1e-6) -> Tensor:
-    """Advantages of one training step for every learner, as the config's preset asks.
+def compute_advantages(rewards: Tensor, omega: Optional[Tensor], *, advantage: str = "hacpo",
+                       capability_baseline: bool = True, scale_by_std: bool = True, baseline_guard: bool = True,
+                       eps: float = 1e-6) -> Tensor:
+    """Advantages of one training step for every learner, as a preset asks
+    (`AlgorithmConfig.advantage_settings()` gives these switches for a preset).
 
-    Reads cfg.advantage, capability_baseline, baseline_guard, scale_by_std.
     - `advantage="hacpo"`: `hacpo_advantages` with `omega` (or ones when capability_baseline is off;
       then omega may be None).
     - `advantage="group"`: every response against its own source's group of G (Eq. 5). The value
@@ -120,15 +120,13 @@ def compute_advantages(rewards: Tensor, omega: Optional[Tensor], cfg: AlgorithmC
     if rewards.ndim != 3:
         raise ValueError(f"rewards must have shape [P, n, G], got {tuple(rewards.shape)}")
     num_prompts, n, g = rewards.shape
-    if cfg.advantage == "hacpo":
-        if not cfg.capability_baseline:
+    if advantage == "hacpo":
+        if not capability_baseline:
             omega = torch.ones(n, n, dtype=rewards.dtype, device=rewards.device)
         elif omega is None:
             raise ValueError("advantage='hacpo' with capability_baseline=True needs the omega matrix")
-        return hacpo_advantages(
-            rewards, omega, eps=eps, baseline_guard=cfg.baseline_guard, scale_by_std=cfg.scale_by_std
-        )
-    if cfg.advantage == "group":
-        own = group_advantages(rewards.reshape(num_prompts * n, g), eps=eps, scale_by_std=cfg.scale_by_std)
+        return hacpo_advantages(rewards, omega, eps=eps, baseline_guard=baseline_guard, scale_by_std=scale_by_std)
+    if advantage == "group":
+        own = group_advantages(rewards.reshape(num_prompts * n, g), eps=eps, scale_by_std=scale_by_std)
         return own.reshape(num_prompts, n, g).expand(n, num_prompts, n, g).contiguous()
-    raise ValueError(f"unknown advantage {cfg.advantage!r}: known {sorted(ADVANTAGES)}")
+    raise ValueError(f"unknown advantage {advantage!r}: known {sorted(ADVANTAGES)}")

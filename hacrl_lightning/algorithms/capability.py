@@ -16,8 +16,6 @@ from typing import Any, Dict, List, Tuple
 import torch
 from torch import Tensor
 
-from hacrl_lightning.config import AlgorithmConfig
-
 __all__ = ["CapabilityWindow", "capability_ratios", "step_accuracy"]
 
 DEFAULT_CLAMP: Tuple[float, float] = (0.1, 10.0)
@@ -85,17 +83,6 @@ class CapabilityWindow:
         self.clamp = (float(clamp[0]), float(clamp[1]))
         self.steps = 0
         self.history: List[List[float]] = [[] for _ in range(n_agents)]
-
-    @classmethod
-    def from_config(cls, n_agents: int, cfg: AlgorithmConfig) -> "CapabilityWindow":
-        """Read capability_window, capability_floor, capability_warmup_steps, omega_min and omega_max."""
-        return cls(
-            n_agents,
-            window=cfg.capability_window,
-            floor=cfg.capability_floor,
-            warmup_steps=cfg.capability_warmup_steps,
-            clamp=(cfg.omega_min, cfg.omega_max),
-        )
 
     def update(self, acc: Tensor) -> None:
         """Append this step's accuracy of every agent (acc: [n], in [0, 1]) and drop the oldest."""

@@ -1,10 +1,11 @@
 """The loss of one learner's mini-batch: `hacpo_loss`, the single entry point the trainer calls.
 
 It applies the own-response term to the learner's own responses and the cross term to partners'
-responses, as the `AlgorithmConfig` switches say (HACPO_SPEC §6, §9), so the trainer never asks
-which preset runs: GRPO, GSPO, naive, HACPO and every ablation go through the same call.
-Deliberately not here: forward passes, mini-batch ordering (own first, HACPO_SPEC §6) and the
-mini-batch counter m, which the trainer owns and passes in.
+responses, as its keyword switches say (HACPO_SPEC §6, §9; `AlgorithmConfig.loss_settings()` gives
+them for a preset), so the trainer never asks which preset runs: GRPO, GSPO, naive, HACPO and every
+ablation go through the same call. Deliberately not here: forward passes, mini-batch ordering (own
+first, HACPO_SPEC §6) and the stepwise schedule of the cross lower bound: the caller passes the
+bound of this mini-batch as a plain number (`cross_lower`, from the clip-schedule callback).
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from hacrl_lightning.config import AlgorithmConfig
 from hacrl_lightning.algorithms.losses import (
     aggregate_loss,
-    cross_clip_lower,
     hacpo_cross_term,
     kl_penalty,
     log_ratio_from_means,
@@ -26,7 +25,14 @@ from hacrl_lightning.algorithms.losses import (
     token_log_ratio,
 )
 
-__all__ = ["CROSS_LOSSES", "RATIO_LEVELS", "hacpo_loss"]
+__all__ = ["CROSS_LOSSES", "METRIC_NAMES", "RATIO_LEVELS", "hacpo_loss"]
+
+METRIC_NAMES = tuple(
+    ["loss/policy", "loss/kl", "loss/total", "count/self", "count/cross", "clip/cross_lower", "omega/cross_mean"]
+    + [f"ratio/{part}_{stat}" for part in ("self", "cross") for stat in ("mean", "min", "max")]
+    + [f"clip/{part}_{kind}" for part in ("self", "cross") for kind in ("low_frac", "high_frac", "frac")]
+)
+"""Every key `hacpo_loss` may put in its metrics (a call returns the ones its batch has)."""
 
 RATIO_LEVELS = ("sequence", "token")
 """`sequence`: GSPO's length-normalised ratio per response (Eq. 11); `token`: per-token ratios (GRPO)."""
@@ -42,9 +48,17 @@ def hacpo_loss(
     loss_mask: Tensor,
     advantages: Tensor,
     is_own: Tensor,
-    cfg: AlgorithmConfig,
-    m: int = 0,
+    ratio_level: str = "sequence",
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    cross_loss: str = "hacpo",
     cross_lower: Optional[float] = None,
+    alpha: float = 1.0,
+    cross_clip: bool = True,
+    use_omega: bool = True,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
     old_logp_mean: Optional[Tensor] = None,
     old_logp: Optional[Tensor] = None,
     omega_factor: Optional[Tensor] = None,
@@ -55,28 +69,28 @@ def hacpo_loss(
 ) -> Tuple[Tensor, Metrics]:
     """Loss of learner k on one mini-batch (paper Eq. 53: J = J_homo + J_hete; loss = -J aggregated).
 
-    Per response b, with s_b the sequence ratio of Eq. 11 (`cfg.ratio_level == "sequence"`):
+    Per response b, with s_b the sequence ratio of Eq. 11 (`ratio_level == "sequence"`):
       own (is_own):        min(s·A, clip(s, 1 - clip_low, 1 + clip_high)·A)         Eqs. 47-49
       cross, "hacpo":      clamp(s, lower_m, 1) · sg(c)^alpha · omega[j, k] · A     Eqs. 50-52
       cross, "self":       the own term with the cross ratio                        (naive)
     `ratio_level == "token"` (GRPO) uses per-token ratios with the own term and accepts own responses
-    only. The loss is `-aggregate(term)` with cfg.loss_agg_mode, plus `kl_coef · KL` on own responses
-    (normalised like the policy term) when cfg.kl_coef > 0.
+    only. The loss is `-aggregate(term)` with `loss_agg_mode`, plus `kl_coef · KL` on own responses
+    (normalised like the policy term) when kl_coef > 0. `cross_clip=False` drops the clamp
+    (hacpo_no_clip); `use_omega=False` drops the omega factor (hacpo_no_omega).
 
     Inputs (B responses, T tokens in the learner's tokenization):
       logp_new [B, T]       learner's current log-probs of each response token (with grad)
       loss_mask [B, T]      True on response tokens (the learner's tokens of the response)
       advantages [B]        learner k's advantage of each response (`compute_advantages(...)[k]`)
       is_own [B] bool       True where the source is the learner
-      m                     optimizer updates already made for this learner in this step
-      cross_lower           lower_m itself, when a schedule computes it (None: Eq. 14,
-                            `cross_clip_lower(m, cfg.delta, cfg.delta_step)`)
+      cross_lower           lower_m of this mini-batch (Eq. 14, `cross_clip_lower`); needed when
+                            cross_loss == "hacpo" and the batch holds cross responses
       old_logp_mean [B]     source's mean old log-prob over the source's tokens (sequence level)
       old_logp [B, T]       old per-token log-probs in the learner's tokens (own responses only);
                             needed at token level, and used at sequence level if old_logp_mean is None
       omega_factor [B]      omega[source, k] per response (needed for cross responses when
-                            cfg.omega_factor; ignored otherwise and on own responses)
-      ref_logp [B, T]       reference log-probs (needed when cfg.kl_coef > 0)
+                            use_omega; ignored otherwise and on own responses)
+      ref_logp [B, T]       reference log-probs (needed when kl_coef > 0)
       total_tokens, total_seqs, loss_scale_factor: see `aggregate_loss` (micro-batching, Dr. GRPO)
     Returns (loss, metrics); metrics are detached, and keys of an absent part (no own or no cross
     responses in this batch) are left out.
@@ -89,8 +103,8 @@ def hacpo_loss(
     for name, value in (("advantages", advantages), ("is_own", is_own)):
         if value.shape != (batch,):
             raise ValueError(f"{name} must have shape [{batch}], got {tuple(value.shape)}")
-    if cfg.cross_loss not in CROSS_LOSSES:
-        raise ValueError(f"unknown cross_loss {cfg.cross_loss!r}: known {sorted(CROSS_LOSSES)}")
+    if cross_loss not in CROSS_LOSSES:
+        raise ValueError(f"unknown cross_loss {cross_loss!r}: known {sorted(CROSS_LOSSES)}")
     mask = loss_mask.bool()
     # padding may hold anything (even -inf); zero it so no NaN can reach the gradient
     logp_new = torch.where(mask, logp_new, torch.zeros_like(logp_new))  # [B, T]
@@ -100,25 +114,31 @@ def hacpo_loss(
     advantages = advantages.to(logp_new)
     metrics: Metrics = {}
 
-    if cfg.ratio_level == "sequence":
+    clip = dict(clip_low=clip_low, clip_high=clip_high)
+    if ratio_level == "sequence":
         if old_logp_mean is None:
             if old_logp is None:
                 raise ValueError("sequence-level ratios need old_logp_mean [B] (or old_logp [B, T] for own responses)")
             old_logp_mean = sequence_mean_logp(old_logp, loss_mask)
         log_ratio = log_ratio_from_means(sequence_mean_logp(logp_new, loss_mask), old_logp_mean)  # [B]
         ratio = log_ratio.exp()  # [B]
-        own_term = ppo_clip_term(ratio, advantages, clip_low=cfg.clip_low, clip_high=cfg.clip_high)  # [B]
-        if cfg.cross_loss == "self":  # naive: the own term for every response
+        own_term = ppo_clip_term(ratio, advantages, **clip)  # [B]
+        if cross_loss == "self":  # naive: the own term for every response
             term = own_term
-            _ppo_metrics(metrics, "cross", ratio, advantages, cross, cfg)
+            _ppo_metrics(metrics, "cross", ratio, advantages, cross, **clip)
         else:
-            lower = cross_clip_lower(m, cfg.delta, cfg.delta_step) if cross_lower is None else cross_lower
-            cross_term, cross_metrics = _cross_term(ratio, advantages, cross, omega_factor, cfg, lower)  # [B]
+            if cross_lower is None:
+                if bool(cross.any()):
+                    raise ValueError("cross responses with cross_loss='hacpo' need cross_lower (lower_m of Eq. 14, "
+                                     "e.g. `cross_clip_lower(m, delta, delta_step)`)")
+                cross_lower = 1.0  # no cross row reads it
+            cross_term, cross_metrics = _cross_term(ratio, advantages, cross, omega_factor, lower=float(cross_lower),
+                                                    alpha=alpha, clip=cross_clip, use_omega=use_omega)  # [B]
             term = torch.where(is_own, own_term, cross_term)  # [B]
             metrics.update(cross_metrics)
         loss_mat = term[:, None].expand_as(logp_new)  # [B, T]
-        _ppo_metrics(metrics, "self", ratio, advantages, own, cfg)
-    elif cfg.ratio_level == "token":
+        _ppo_metrics(metrics, "self", ratio, advantages, own, **clip)
+    elif ratio_level == "token":
         if bool(cross.any()):
             raise ValueError(
                 "ratio_level='token' compares log-probs token by token and needs one tokenization: it "
@@ -128,28 +148,28 @@ def hacpo_loss(
             raise ValueError("ratio_level='token' needs old_logp [B, T] in the learner's tokenization")
         old_logp = torch.where(mask, old_logp.to(logp_new), torch.zeros_like(logp_new))  # [B, T]
         ratio = token_log_ratio(logp_new, old_logp).exp()  # [B, T]
-        loss_mat = ppo_clip_term(ratio, advantages[:, None], clip_low=cfg.clip_low, clip_high=cfg.clip_high)
-        _ppo_metrics(metrics, "self", ratio, advantages[:, None].expand_as(ratio), mask & own[:, None], cfg)
+        loss_mat = ppo_clip_term(ratio, advantages[:, None], **clip)
+        _ppo_metrics(metrics, "self", ratio, advantages[:, None].expand_as(ratio), mask & own[:, None], **clip)
     else:
-        raise ValueError(f"unknown ratio_level {cfg.ratio_level!r}: known {sorted(RATIO_LEVELS)}")
+        raise ValueError(f"unknown ratio_level {ratio_level!r}: known {sorted(RATIO_LEVELS)}")
 
     # one pair of normalisers for the policy term and the KL, so both scale alike under micro-batching
     tokens_per_seq = mask.sum(dim=-1)  # [B]
     total_tokens = tokens_per_seq.sum().clamp(min=1) if total_tokens is None else total_tokens
     total_seqs = valid.sum().clamp(min=1) if total_seqs is None else total_seqs
     agg = dict(
-        mode=cfg.loss_agg_mode, total_tokens=total_tokens, total_seqs=total_seqs, loss_scale_factor=loss_scale_factor
+        mode=loss_agg_mode, total_tokens=total_tokens, total_seqs=total_seqs, loss_scale_factor=loss_scale_factor
     )
     policy_loss = -aggregate_loss(loss_mat, loss_mask, **agg)
     loss = policy_loss
     metrics["loss/policy"] = policy_loss.detach()
 
-    if cfg.kl_coef > 0:
+    if kl_coef > 0:
         if ref_logp is None:
-            raise ValueError(f"kl_coef={cfg.kl_coef} > 0 needs ref_logp [B, T] from the learner's reference model")
+            raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp [B, T] from the learner's reference model")
         ref_logp = torch.where(mask, ref_logp.to(logp_new), torch.zeros_like(logp_new))  # [B, T]
-        kl = aggregate_loss(kl_penalty(logp_new, ref_logp, estimator=cfg.kl_estimator), mask & own[:, None], **agg)
-        loss = policy_loss + cfg.kl_coef * kl
+        kl = aggregate_loss(kl_penalty(logp_new, ref_logp, estimator=kl_estimator), mask & own[:, None], **agg)
+        loss = policy_loss + kl_coef * kl
         metrics["loss/kl"] = kl.detach()
     metrics["loss/total"] = loss.detach()
     metrics["count/self"] = own.sum().detach()
@@ -158,24 +178,25 @@ def hacpo_loss(
 
 
 def _cross_term(
-    ratio: Tensor, advantages: Tensor, cross: Tensor, omega_factor: Optional[Tensor], cfg: AlgorithmConfig, lower: float
+    ratio: Tensor, advantages: Tensor, cross: Tensor, omega_factor: Optional[Tensor], *, lower: float, alpha: float,
+    clip: bool, use_omega: bool
 ) -> Tuple[Tensor, Metrics]:
     """HACPO's cross term for every row (the caller keeps it on cross rows only) and its metrics."""
     metrics: Metrics = {}
-    if not cfg.omega_factor:
+    if not use_omega:
         omega_factor = torch.ones_like(ratio)
     elif omega_factor is None:
         if bool(cross.any()):
-            raise ValueError("cross responses with cfg.omega_factor need omega_factor [B] = omega[source, learner]")
+            raise ValueError("cross responses with use_omega need omega_factor [B] = omega[source, learner]")
         omega_factor = torch.ones_like(ratio)
     elif omega_factor.shape != ratio.shape:
         raise ValueError(f"omega_factor must have shape {tuple(ratio.shape)}, got {tuple(omega_factor.shape)}")
     omega_factor = omega_factor.to(ratio)
-    term = hacpo_cross_term(ratio, advantages, omega_factor, lower=lower, alpha=cfg.alpha, clip=cfg.cross_clip)
+    term = hacpo_cross_term(ratio, advantages, omega_factor, lower=lower, alpha=alpha, clip=clip)
     if bool(cross.any()):
         r = ratio.detach()[cross]
-        low = (r < lower) if cfg.cross_clip else torch.zeros_like(r, dtype=torch.bool)
-        high = (r > 1.0) if cfg.cross_clip else torch.zeros_like(r, dtype=torch.bool)
+        low = (r < lower) if clip else torch.zeros_like(r, dtype=torch.bool)
+        high = (r > 1.0) if clip else torch.zeros_like(r, dtype=torch.bool)
         metrics.update(_ratio_stats("cross", r))
         metrics.update(_fractions("cross", low, high))
         metrics["clip/cross_lower"] = r.new_tensor(lower)
@@ -184,15 +205,16 @@ def _cross_term(
 
 
 def _ppo_metrics(
-    metrics: Metrics, part: str, ratio: Tensor, advantages: Tensor, select: Tensor, cfg: AlgorithmConfig
+    metrics: Metrics, part: str, ratio: Tensor, advantages: Tensor, select: Tensor, *, clip_low: float,
+    clip_high: float
 ) -> None:
     """Ratio stats and clip fractions of a PPO-clipped part. A response (or token) counts as clipped
     low / high when the clip zeroes its gradient: r < 1 - clip_low with A < 0, r > 1 + clip_high with A > 0."""
     if not bool(select.any()):
         return
     r, a = ratio.detach()[select], advantages.detach()[select]
-    low = (r < 1.0 - cfg.clip_low) & (a < 0)
-    high = (r > 1.0 + cfg.clip_high) & (a > 0)
+    low = (r < 1.0 - clip_low) & (a < 0)
+    high = (r > 1.0 + clip_high) & (a > 0)
     metrics.update(_ratio_stats(part, r))
     metrics.update(_fractions(part, low, high))
 

@@ -10,12 +10,10 @@ Deliberately not here: ordering the kept responses into mini-batches (the traine
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 from torch import Tensor
-
-from hacrl_lightning.config import parse_cross_samples
 
 __all__ = ["select_cross_samples"]
 
@@ -25,14 +23,14 @@ def select_cross_samples(
     prompt_index: Tensor,
     *,
     learner: int,
-    per_prompt: Union[int, str, None],
+    per_prompt: Optional[int],
     generator: Optional[torch.Generator] = None,
 ) -> Tensor:
     """keep [B] bool: True for every own response and for at most `per_prompt` partner responses per prompt.
 
     source_index, prompt_index: [B] integer tensors (the source agent and the prompt of each
-    response in the learner's view). per_prompt: the config value (`"all"`, an int, or None = all;
-    parsed with `hacrl_lightning.config.parse_cross_samples`). The draw depends only on the
+    response in the learner's view). per_prompt: an int >= 1, or None = all (the config's `"all"`).
+    The draw depends only on the
     generator's state and the inputs, so a seeded generator makes it reproducible.
     """
     if source_index.shape != prompt_index.shape or source_index.ndim != 1:
@@ -41,10 +39,9 @@ def select_cross_samples(
             f"got {tuple(source_index.shape)} and {tuple(prompt_index.shape)}"
         )
     is_own = source_index == learner  # [B]
-    try:
-        cap = None if per_prompt is None else parse_cross_samples(per_prompt)
-    except (TypeError, ValueError):
-        raise ValueError(f"per_prompt must be 'all', None or an int >= 1, got {per_prompt!r}") from None
+    if per_prompt is not None and (isinstance(per_prompt, bool) or not isinstance(per_prompt, int) or per_prompt < 1):
+        raise ValueError(f"per_prompt must be None (all) or an int >= 1, got {per_prompt!r}")
+    cap = per_prompt
     if cap is None:
         return torch.ones_like(is_own)
     # a random key per response; own responses get key 2 (> any draw) so they rank after partners

@@ -1,9 +1,9 @@
-"""Capability window callback: owns each agent's accuracy window, saves it in checkpoints, logs it.
+"""Capability window callback: saves each agent's accuracy window in checkpoints and logs it.
 
-The module feeds it this step's accuracy over the *global* batch (all ranks) between scoring and
-advantages (HACPO_SPEC §7 step 4) through `pl_module.capability`; this callback only holds the
-window, restores it on resume and logs `{agent}/capability`. The math lives in
-`hacrl_lightning.algorithms.capability`.
+`train()` builds one `CapabilityWindow` and hands it to both the module (which feeds it each step's
+accuracy over the *global* batch, between scoring and advantages, HACPO_SPEC §7 step 4) and this
+callback, which owns its persistence: it restores the window on resume and reports
+`{agent}/capability` once per step. The math lives in `hacrl_lightning.algorithms.capability`.
 """
 
 from __future__ import annotations
@@ -13,20 +13,18 @@ from typing import Any
 from lightning.pytorch import Callback
 
 from hacrl_lightning.algorithms.capability import CapabilityWindow
-from hacrl_lightning.config import AlgorithmConfig
 
 
 class CapabilityCallback(Callback):
-    def __init__(self, agent_names: list[str], cfg: AlgorithmConfig):
+    def __init__(self, window: CapabilityWindow, agent_names: list[str]):
+        if window.n_agents != len(agent_names):
+            raise ValueError(f"a window of {window.n_agents} agents for {len(agent_names)} agent names")
+        self.window = window
         self.agent_names = list(agent_names)
-        self.window = CapabilityWindow.from_config(len(agent_names), cfg)
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        pl_module.capability = self.window
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         caps = self.window.capabilities().tolist()
-        pl_module.step_metrics.update({f"{name}/capability": cap for name, cap in zip(self.agent_names, caps)})
+        pl_module.report({f"{name}/capability": cap for name, cap in zip(self.agent_names, caps)})
 
     def state_dict(self) -> dict[str, Any]:
         return {"window": self.window.state_dict(), "agents": self.agent_names}

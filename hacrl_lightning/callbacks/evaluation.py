@@ -1,7 +1,7 @@
 """Held-out evaluation callback: every agent on the held-out prompts before, during and after training.
 
 Greedy accuracy per agent (and avg@k / pass@k when `samples > 1`), logged as `{agent}/eval/acc`
-etc. and kept as a history of (step, rollouts generated so far, scores) that resumes with the run
+etc. (through the module's `report`) and kept as a history of (step, rollouts generated so far, scores) that resumes with the run
 and feeds `summary.json` and the comparison plots. The generation itself is the DataModule's.
 """
 
@@ -29,9 +29,8 @@ class HeldOutEvalCallback(Callback):
             "rollouts_generated": {name: c["rollouts_generated"] for name, c in pl_module.counters.items()},
             "scores": scores,
         })
-        if trainer.logger is not None and trainer.is_global_zero:
-            flat = {f"{name}/eval/{key}": value for name, row in scores.items() for key, value in row.items()}
-            trainer.logger.log_metrics(flat, step=step)
+        pl_module.report({f"{name}/eval/{key}": value for name, row in scores.items() for key, value in row.items()},
+                         step=step)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._evaluate(trainer, pl_module)

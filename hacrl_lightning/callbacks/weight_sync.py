@@ -22,4 +22,4 @@ class WeightSyncCallback(Callback):
         for name, agent in pl_module.agents.items():
             engines[name].sync_weights(agent.model)
         self.last_seconds = time.perf_counter() - start
-        pl_module.step_metrics["time/weight_sync"] = self.last_seconds
+        pl_module.report({"time/weight_sync": self.last_seconds})

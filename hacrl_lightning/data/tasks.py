@@ -10,7 +10,7 @@ held-out set keeps its first `data.eval_size` problems. Deliberately not here: r
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from hacrl_lightning.config import DataConfig, suggest
 from hacrl_lightning.data.benchmarks import load_benchmark
@@ -52,10 +52,11 @@ def load_task(cfg: DataConfig) -> tuple[PromptDataset, PromptDataset]:
     return TASKS[cfg.name](cfg)
 
 
-def task_check_texts(cfg: DataConfig) -> list[str]:
-    """Texts of the task that every agent's tokenizer must round-trip exactly (checked at load time)."""
+def task_check_texts(splits: Sequence[PromptDataset]) -> list[str]:
+    """Texts of a loaded task (`load_task`'s splits) that every agent's tokenizer must round-trip
+    exactly (checked at load time)."""
     texts = []
-    for dataset in load_task(cfg):
+    for dataset in splits:
         for example in list(dataset)[:32]:
             texts += [example.prompt, format_answer(example.gold)]
     return texts

@@ -42,6 +42,17 @@ class SamplingSettings:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @classmethod
+    def for_agent(cls, cfg, *, n: int, seed: int | None, temperature: float | None = None,
+                  max_new_tokens: int | None = None) -> "SamplingSettings":
+        """An agent's own sampling (`AgentConfig`: temperature, top_p, top_k, max_response_len), the one
+        builder every caller uses; `temperature=0.0` asks for greedy answers. No engine log-probs: the
+        training step recomputes old log-probs with a forward pass, and HF `generate` would keep a
+        [batch, vocab] score tensor per token for them."""
+        return cls(max_new_tokens=cfg.max_response_len if max_new_tokens is None else max_new_tokens, n=n,
+                   temperature=cfg.temperature if temperature is None else temperature, top_p=cfg.top_p,
+                   top_k=cfg.top_k, seed=seed, return_logprobs=False)
+
 
 @dataclass
 class Generation:
