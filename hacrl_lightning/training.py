@@ -51,6 +51,15 @@ def update_settings(cfg: TrainConfig) -> UpdateSettings:
                           seed=cfg.seed)
 
 
+def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
+                    task: tuple[PromptDataset, PromptDataset] | None = None) -> RolloutDataModule:
+    """The run's DataModule over `agents` (`task`: the loaded (train, held-out) sets, else loaded here)."""
+    train_set, eval_set = task if task is not None else load_task(cfg.data)
+    return RolloutDataModule(agents, train_set=train_set, eval_set=eval_set, data=cfg.data, rollout=cfg.rollout,
+                             responses_per_prompt=cfg.responses_per_prompt, share_rollouts=cfg.algorithm.share_rollouts,
+                             steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(cfg.run_dir) / "engine_dirs")
+
+
 def build_system(cfg: TrainConfig, run_dir: Path) -> tuple[HACRLModule, RolloutDataModule, list[pl.Callback], dict]:
     """The run's module, DataModule and core callbacks (capability window, clip schedule, weight sync,
     step timer, held-out evaluation, checkpoints), each given the values it uses; the task loads once.
@@ -62,10 +71,7 @@ def build_system(cfg: TrainConfig, run_dir: Path) -> tuple[HACRLModule, RolloutD
     clip_schedule = StepwiseClipCallback(delta=cfg.algorithm.delta, delta_step=cfg.algorithm.delta_step)
     module = HACRLModule(agents, algorithm=cfg.algorithm, update=update_settings(cfg), capability=window,
                          clip_schedule=clip_schedule)
-    datamodule = RolloutDataModule(agents, train_set=task[0], eval_set=task[1], data=cfg.data, rollout=cfg.rollout,
-                                   responses_per_prompt=cfg.responses_per_prompt,
-                                   share_rollouts=cfg.algorithm.share_rollouts, steps=cfg.trainer.steps, seed=cfg.seed,
-                                   engine_dir=run_dir / "engine_dirs")
+    datamodule = make_datamodule(cfg, agents, task)
     roles = {"timer": StepTimer(),
              "evaluation": HeldOutEvalCallback(every=cfg.trainer.eval_every, samples=cfg.trainer.eval_samples)}
     callbacks = [

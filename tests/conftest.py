@@ -24,6 +24,14 @@ ZOO_AGENTS = ("tiny_a", "tiny_b", "tiny_c")
 """The three heterogeneous zoo agents most tests use (Llama/char, Qwen3/BPE, GPT-2/BPE)."""
 
 
+def preset_loss(cfg, m: int = 0) -> dict:
+    """`hacpo_loss` keyword arguments of an `AlgorithmConfig` preset at mini-batch m: its loss settings
+    and the lower bound of Eq. 14 that the stepwise clip schedule would give."""
+    from hacrl_lightning.algorithms import cross_clip_lower
+
+    return {**cfg.loss_settings(), "cross_lower": cross_clip_lower(m, cfg.delta, cfg.delta_step)}
+
+
 def agent_preset(name: str, **overrides) -> AgentConfig:
     """The `AgentConfig` of the agent file `agents/<name>.yaml`, with field overrides."""
     schema = OmegaConf.structured(AgentConfig)

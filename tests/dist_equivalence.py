@@ -5,7 +5,7 @@
         tests/dist_equivalence.py replay OUT ZOO_CACHE [CASE ...]        # 2 ranks, FSDP2 over gloo
 
 `record` trains each case for one step on one process and saves what the test compares (final
-weights, optimizer updates, the m of every loss call, the capability window, the step's metrics)
+weights, optimizer updates, the m of every mini-batch, the capability window, the step's metrics)
 together with every generation the engines made. `replay` runs the same cases on 2 ranks with
 `trainer=fsdp`; the only thing replaced is sampling: `RolloutDataModule.generate` returns the
 recorded token ids of its prompts (sampling draws a different random stream when the batch is
@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from hydra_config import compose_config  # noqa: E402
 
 import hacrl_lightning.module as module_mod  # noqa: E402
+from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback  # noqa: E402
 from hacrl_lightning.datamodule import RolloutDataModule  # noqa: E402
 from hacrl_lightning.training import train  # noqa: E402
 
@@ -68,32 +69,47 @@ class Record(Callback):
 
 
 def spy_on_m() -> dict:
-    """Record, per learner, the m of every non-dummy loss call (the real loss runs); returns the
-    holder whose `calls` the caller resets for each run."""
-    real_loss, real_update = module_mod.hacpo_loss, module_mod.HACRLModule._update_learner
+    """Record, per learner, the m of every mini-batch, as the module asks the clip schedule for its
+    bound (the real schedule answers); returns the holder whose `calls` the caller resets for each run."""
+    real_lower, real_update = StepwiseClipCallback.lower, module_mod.HACRLModule._update_learner
     state: dict = {"calls": {}, "name": None}
 
-    def loss_spy(**kwargs):
-        state["calls"].setdefault(state["name"], []).append(kwargs["m"])
-        return real_loss(**kwargs)
+    def lower_spy(schedule, m):
+        state["calls"].setdefault(state["name"], []).append(m)
+        return real_lower(schedule, m)
 
     def update_spy(module, k, name, *args, **kwargs):
         state["name"] = name
         return real_update(module, k, name, *args, **kwargs)
 
-    module_mod.hacpo_loss = loss_spy
+    StepwiseClipCallback.lower = lower_spy
     module_mod.HACRLModule._update_learner = update_spy
     return state
 
 
+def spy_on_local_accuracy() -> dict:
+    """Record each agent's accuracy on this rank's own prompts (its rollouts before the gather)."""
+    real = RolloutDataModule._gather
+    state: dict = {"acc": {}}
+
+    def gather(dm, examples, rollouts):
+        for name in dm.names:
+            rewards = [r.reward for r in rollouts if r.source == name]
+            state["acc"][name] = sum(rewards) / len(rewards)
+        return real(dm, examples, rollouts)
+
+    RolloutDataModule._gather = gather
+    return state
+
+
 def use_generations(mode: str, store: dict):
-    """`record`: keep every generation by (step, greedy, n, salt, agent, prompt id); `replay`: answer from them."""
+    """`record`: keep every training generation by (step, n, agent, prompt id); `replay`: answer from them."""
     real = RolloutDataModule.generate
 
-    def generate(dm, examples, *, step, n, greedy=False, salt=0):
-        keys = [(step, greedy, n, salt, name) for name in dm.agents]
+    def generate(dm, examples, *, step, n):
+        keys = [(step, n, name) for name in dm.agents]
         if mode == "record":
-            out = real(dm, examples, step=step, n=n, greedy=greedy, salt=salt)
+            out = real(dm, examples, step=step, n=n)
             for key, name in zip(keys, dm.agents):
                 for p, example in enumerate(examples):
                     store[(*key, example.prompt_id)] = out[name][p * n : (p + 1) * n]
@@ -112,6 +128,7 @@ def main() -> None:
     store = torch.load(out / "generations.pt", weights_only=False) if mode == "replay" else {}
     use_generations(mode, store)
     spy = spy_on_m()
+    local = spy_on_local_accuracy()
     results = {}
     for case in cases or list(CASES):
         spy["calls"] = calls = {}
@@ -120,9 +137,9 @@ def main() -> None:
                      f"zoo_cache={zoo_cache}", f"run_dir={out / mode / case}"]
         cfg, _ = compose_config(overrides)
         train(cfg, extra_callbacks=[record])
-        results[case] = {**record.result, "m": calls}
+        results[case] = {**record.result, "m": calls, "local_acc": dict(local["acc"])}
+    torch.save(results, out / (f"{mode}.pt" if rank == 0 else f"{mode}_rank{rank}.pt"))
     if rank == 0:
-        torch.save(results, out / f"{mode}.pt")
         if mode == "record":
             torch.save(store, out / "generations.pt")
     print(f"EQUIVALENCE-DONE rank={rank} mode={mode}", flush=True)

@@ -160,20 +160,20 @@ def test_hacpo_rejects_mismatched_omega():
 
 
 def test_compute_advantages_follows_the_preset():
-    hacpo = compute_advantages(REWARDS_3, OMEGA_3, get_preset("hacpo"), eps=0.0)
+    hacpo = compute_advantages(REWARDS_3, OMEGA_3, **get_preset("hacpo").advantage_settings(), eps=0.0)
     torch.testing.assert_close(hacpo, hacpo_advantages(REWARDS_3, OMEGA_3, eps=0.0))
     ones = torch.ones(3, 3, dtype=D)
     for name in ("hacpo_no_adv", "naive"):  # omega ≡ 1 in the baseline; omega may be omitted
         torch.testing.assert_close(
-            compute_advantages(REWARDS_3, None, get_preset(name), eps=0.0), hacpo_advantages(REWARDS_3, ones, eps=0.0)
+            compute_advantages(REWARDS_3, None, **get_preset(name).advantage_settings(), eps=0.0), hacpo_advantages(REWARDS_3, ones, eps=0.0)
         )
     # the other ablations leave the baseline alone
     for name in ("hacpo_no_omega", "hacpo_alpha0", "hacpo_no_stepwise", "hacpo_no_clip"):
-        torch.testing.assert_close(compute_advantages(REWARDS_3, OMEGA_3, get_preset(name), eps=0.0), hacpo)
+        torch.testing.assert_close(compute_advantages(REWARDS_3, OMEGA_3, **get_preset(name).advantage_settings(), eps=0.0), hacpo)
 
 
 def test_compute_advantages_group_is_own_group_for_every_learner():
-    adv = compute_advantages(REWARDS_3, None, get_preset("gspo"), eps=0.0)
+    adv = compute_advantages(REWARDS_3, None, **get_preset("gspo").advantage_settings(), eps=0.0)
     assert adv.shape == (3, 3, 3, 2)
     for k in range(3):
         for j in range(3):
@@ -184,14 +184,14 @@ def test_compute_advantages_group_is_own_group_for_every_learner():
 
 def test_compute_advantages_errors():
     with pytest.raises(ValueError, match="needs the omega matrix"):
-        compute_advantages(REWARDS_3, None, get_preset("hacpo"))
+        compute_advantages(REWARDS_3, None, **get_preset("hacpo").advantage_settings())
     with pytest.raises(ValueError, match=r"known \['group', 'hacpo'\]"):
-        compute_advantages(REWARDS_3, OMEGA_3, replace(get_preset("hacpo"), advantage="nope"))
+        compute_advantages(REWARDS_3, OMEGA_3, **replace(get_preset("hacpo"), advantage="nope").advantage_settings())
 
 
 def test_single_agent_hacpo_is_the_group_advantage():
     rewards = t([[[1, 0, 0, 1]], [[0, 0, 0, 1]], [[1, 1, 1, 1]]])  # [P=3, n=1, G=4]
-    adv = compute_advantages(rewards, torch.ones(1, 1), get_preset("hacpo"))
+    adv = compute_advantages(rewards, torch.ones(1, 1), **get_preset("hacpo").advantage_settings())
     torch.testing.assert_close(adv[0, :, 0], group_advantages(rewards[:, 0]))
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from conftest import preset_loss
 from hacrl_lightning.algorithms import get_preset, hacpo_loss
 
 D = torch.float64
@@ -40,7 +41,7 @@ def run(cfg, *, m=1, means=NEW_MEANS, **kw):
         logp_new=logp, loss_mask=mask, advantages=ADV, is_own=IS_OWN, old_logp_mean=OLD_MEANS, omega_factor=OMEGA
     )
     inputs.update(kw)
-    loss, metrics = hacpo_loss(cfg=cfg, m=m, **inputs)
+    loss, metrics = hacpo_loss(**{**preset_loss(cfg, m), **inputs})
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), metrics, torch.where(mask, grad, torch.zeros_like(grad))
 
@@ -109,7 +110,7 @@ def test_micro_batches_with_totals_sum_to_the_mini_batch():
     for part in (slice(0, 2), slice(2, 4)):
         loss, _ = hacpo_loss(
             logp_new=logp[part], loss_mask=mask[part], advantages=ADV[part], is_own=IS_OWN[part],
-            old_logp_mean=OLD_MEANS[part], omega_factor=OMEGA[part], cfg=cfg, m=1, total_seqs=4, total_tokens=10,
+            old_logp_mean=OLD_MEANS[part], omega_factor=OMEGA[part], **preset_loss(cfg, 1), total_seqs=4, total_tokens=10,
         )
         total = total + loss
     (micro_grad,) = torch.autograd.grad(total, logp)
@@ -124,7 +125,7 @@ def test_grpo_token_level_by_hand():
     mask = torch.ones(2, 2, dtype=torch.bool)
     loss, metrics = hacpo_loss(
         logp_new=logp, loss_mask=mask, advantages=torch.tensor([1.0, -1.0], dtype=D),
-        is_own=torch.tensor([True, True]), old_logp=old, cfg=cfg,
+        is_own=torch.tensor([True, True]), old_logp=old, **preset_loss(cfg),
     )
     # ratios [[1, 1.5], [.5, 1]]; A = +1 row 0, -1 row 1
     # terms: min(1, 1) = 1 | min(1.5, 1.28) = 1.28 | min(-.5, -.8) = -.8 | min(-1, -1) = -1
@@ -154,7 +155,7 @@ def test_own_only_batch_has_no_cross_metrics():
     logp, mask = rows([-1.0, -1.0], [2, 2], 2)
     _, metrics = hacpo_loss(
         logp_new=logp, loss_mask=mask, advantages=ADV[:2], is_own=IS_OWN[:2], old_logp_mean=OLD_MEANS[:2],
-        cfg=get_preset("hacpo"),
+        **preset_loss(get_preset("hacpo")),
     )
     assert "ratio/self_mean" in metrics and not any(key.startswith(("ratio/cross", "clip/cross")) for key in metrics)
 
@@ -162,7 +163,7 @@ def test_own_only_batch_has_no_cross_metrics():
 def test_sequence_level_accepts_per_token_old_log_probs_for_own_responses():
     logp, mask = rows([-1.0, -1.2], [2, 3], 3)
     old_tokens = torch.full((2, 3), -1.0, dtype=D)
-    kw = dict(logp_new=logp, loss_mask=mask, advantages=ADV[:2], is_own=IS_OWN[:2], cfg=get_preset("gspo"))
+    kw = dict(logp_new=logp, loss_mask=mask, advantages=ADV[:2], is_own=IS_OWN[:2], **preset_loss(get_preset("gspo")))
     from_tokens, _ = hacpo_loss(old_logp=old_tokens, **kw)
     from_means, _ = hacpo_loss(old_logp_mean=torch.tensor([-1.0, -1.0], dtype=D), **kw)
     assert from_tokens.item() == pytest.approx(from_means.item())
@@ -175,7 +176,7 @@ def test_minus_infinity_padding_never_reaches_the_gradient():
     logp.requires_grad_(True)
     old, _ = rows([-1.1, -1.9], [1, 3], 3)
     loss, _ = hacpo_loss(
-        logp_new=logp, loss_mask=mask, advantages=ADV[:2], is_own=IS_OWN[:2], old_logp=old, ref_logp=old - 0.1, cfg=cfg,
+        logp_new=logp, loss_mask=mask, advantages=ADV[:2], is_own=IS_OWN[:2], old_logp=old, ref_logp=old - 0.1, **preset_loss(cfg),
     )
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(loss) and bool(torch.isfinite(grad).all())

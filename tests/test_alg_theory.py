@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import preset_loss
+
 from hacrl_lightning.algorithms import (
     PRESETS,
     compute_advantages,
@@ -96,7 +98,7 @@ def test_on_own_responses_every_sequence_preset_is_gspo(name):
         x = logp.clone().requires_grad_(True)
         loss, _ = hacpo_loss(
             logp_new=x, loss_mask=mask, advantages=adv, is_own=torch.ones(4, dtype=torch.bool),
-            old_logp_mean=old_mean, omega_factor=torch.full((4,), 3.0, dtype=D), cfg=cfg, m=3,
+            old_logp_mean=old_mean, omega_factor=torch.full((4,), 3.0, dtype=D), **preset_loss(cfg, 3),
         )
         results.append((loss, torch.autograd.grad(loss, x)[0]))
     (gspo_loss, gspo_grad), (loss, grad) = results
@@ -108,13 +110,13 @@ def test_single_agent_hacpo_step_is_a_gspo_step():
     gen = torch.Generator().manual_seed(3)
     rewards = (torch.rand(2, 1, 4, generator=gen) > 0.5).to(D)  # [P=2, n=1, G=4]
     rewards[0, 0] = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=D)
-    adv_hacpo = compute_advantages(rewards, torch.ones(1, 1), get_preset("hacpo"))[0, :, 0].reshape(-1)  # [8]
-    adv_gspo = compute_advantages(rewards, None, get_preset("gspo"))[0, :, 0].reshape(-1)
+    adv_hacpo = compute_advantages(rewards, torch.ones(1, 1), **get_preset("hacpo").advantage_settings())[0, :, 0].reshape(-1)  # [8]
+    adv_gspo = compute_advantages(rewards, None, **get_preset("gspo").advantage_settings())[0, :, 0].reshape(-1)
     torch.testing.assert_close(adv_hacpo, adv_gspo)
     logp = -torch.rand(8, 3, generator=gen, dtype=D)
     mask = torch.ones(8, 3, dtype=torch.bool)
     old_mean = sequence_mean_logp(logp, mask) + 2e-4
     kw = dict(logp_new=logp, loss_mask=mask, is_own=torch.ones(8, dtype=torch.bool), old_logp_mean=old_mean)
-    loss_hacpo, _ = hacpo_loss(advantages=adv_hacpo, cfg=get_preset("hacpo"), **kw)
-    loss_gspo, _ = hacpo_loss(advantages=adv_gspo, cfg=get_preset("gspo"), **kw)
+    loss_hacpo, _ = hacpo_loss(advantages=adv_hacpo, **preset_loss(get_preset("hacpo")), **kw)
+    loss_gspo, _ = hacpo_loss(advantages=adv_gspo, **preset_loss(get_preset("gspo")), **kw)
     torch.testing.assert_close(loss_hacpo, loss_gspo)

@@ -99,7 +99,7 @@ def test_load_state_dict_refuses_other_agent_count():
         CapabilityWindow(3).load_state_dict(state)
 
 
-def test_from_config_reads_the_algorithm_fields():
+def test_capability_settings_are_the_algorithm_fields():
     cfg = get_preset("hacpo")
-    window = CapabilityWindow.from_config(2, cfg)
+    window = CapabilityWindow(2, **cfg.capability_settings())
     assert (window.window, window.floor, window.warmup_steps, window.clamp) == (5, 1e-8, 0, (0.1, 10.0))

@@ -39,7 +39,8 @@ def runs(tmp_path_factory, zoo_cache):
                             timeout=600, cwd=REPO)
     assert replay.returncode == 0, replay.stderr[-3000:]
     assert replay.stdout.count("EQUIVALENCE-DONE") == 2  # both ranks ran every case
-    return torch.load(out / "record.pt", weights_only=False), torch.load(out / "replay.pt", weights_only=False)
+    load = lambda name: torch.load(out / name, weights_only=False)  # noqa: E731
+    return load("record.pt"), load("replay.pt"), load("replay_rank1.pt")
 
 
 def updates_m(calls: list[int]) -> list[int]:
@@ -74,3 +75,19 @@ def test_every_logged_rate_is_the_global_one(runs, case):
             assert math.isnan(two[key]), key
         else:
             assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+
+
+def test_logged_accuracy_is_the_global_mean_not_rank_zeros(runs):
+    """Each rank generates and scores its half of the prompts; the logged `{agent}/acc` (and the
+    capability window it feeds) is the accuracy over the whole batch: the mean of the two halves,
+    the 1-rank figure, and not what rank 0 saw alone."""
+    differs = False
+    for case in ("hacpo", "gspo_x2", "grpo"):
+        one, rank0, rank1 = runs[0][case], runs[1][case], runs[2][case]
+        for name in ("tiny_a", "tiny_b"):
+            halves = (rank0["local_acc"][name] + rank1["local_acc"][name]) / 2  # equal halves of the prompts
+            assert rank0["metrics"][f"{name}/acc"] == pytest.approx(halves, abs=1e-6)
+            assert rank1["metrics"][f"{name}/acc"] == rank0["metrics"][f"{name}/acc"]
+            assert one["metrics"][f"{name}/acc"] == pytest.approx(halves, abs=1e-6)
+            differs |= rank0["local_acc"][name] != halves
+    assert differs  # the halves disagree somewhere, so rank 0's own figure would have been caught

@@ -7,7 +7,6 @@ in another agent's token space, and the response mask must select exactly the re
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, replace
 
 import pytest
@@ -72,11 +71,10 @@ def test_partner_responses_become_exactly_the_response_in_the_learner_tokens(zoo
         assert body == learner.encode_response([text])[0]
         assert learner.decode_response(body) == text
         assert (response[-1:] == [learner.eos_token_id]) == finished or (not finished and not response)
-        assert view.response_len[b] == len(response) == int(view.loss_mask[b].sum())
-        assert bool(view.finished[b]) == finished
+        assert len(response) == int(view.loss_mask[b].sum())
     assert not view.is_own.any()
     assert (view.source_idx == ZOO_AGENTS.index(source_name)).all()
-    assert view.sample_idx.tolist() == list(range(len(TEXTS)))
+    assert view.row_idx.tolist() == list(range(len(TEXTS)))
     # rows are right-padded: attention is a prefix of ones, padding uses the learner's pad id
     lengths = view.attention_mask.sum(-1)
     for b in range(len(view)):
@@ -142,25 +140,25 @@ def test_an_eos_that_no_longer_fits_counts_as_truncation(zoo_agents):
     assert row_parts(view, 0)[1][-1] != learner.eos_token_id and bool(view.response_truncated[0])
 
 
-def test_indices_rewards_and_old_logprobs_are_carried(zoo_agents):
+def test_indices_are_carried(zoo_agents):
     a, b = zoo_agents["tiny_a"], zoo_agents["tiny_b"]
     rollouts = []
     for source in (a, b):
         gens = [generation(source, f"\\boxed{{{i}}}", True) for i in range(2 * 2)]
         rollouts += make_rollouts(source, EXAMPLES[:2], gens)
-    for k, r in enumerate(rollouts):
-        r.reward = float(k % 2)
-        r.old_logprob_mean = None if k == 0 else -0.1 * k
     order = [EXAMPLES[1].prompt_id, EXAMPLES[0].prompt_id]
     view = view_for(b, rollouts, sources=["tiny_a", "tiny_b"], prompt_ids=order)
     assert view.source_idx.tolist() == [0] * 4 + [1] * 4
     assert view.is_own.tolist() == [False] * 4 + [True] * 4
     assert view.prompt_idx.tolist() == [1, 1, 0, 0] * 2
-    assert view.sample_idx.tolist() == [0, 1, 0, 1] * 2
-    assert view.rewards.tolist() == [float(k % 2) for k in range(8)]
-    assert math.isnan(view.old_logprob_mean[0]) and view.old_logprob_mean[3].item() == pytest.approx(-0.3)
+    assert view.row_idx.tolist() == list(range(8))
     mb = view.select([1, 6])
-    assert mb.agent == "tiny_b" and len(mb) == 2 and mb.rewards.tolist() == [1.0, 0.0]
+    assert mb.agent == "tiny_b" and len(mb) == 2 and mb.row_idx.tolist() == [1, 6]
+    # a view of part of the step keeps each row's place in the step's flat order
+    own = view_for(b, rollouts[4:], sources=["tiny_a", "tiny_b"], prompt_ids=order, rows=range(4, 8))
+    assert own.row_idx.tolist() == [4, 5, 6, 7] and torch.equal(own.input_ids, view.select(range(4, 8)).input_ids)
+    with pytest.raises(ValueError, match="row indices"):
+        view_for(b, rollouts, sources=["tiny_a", "tiny_b"], rows=[0, 1])
     assert mb.input_ids.shape[1] == int(mb.attention_mask.sum(-1).max())
     with pytest.raises(ValueError, match="sources"):
         view_for(b, rollouts, sources=["tiny_b"])

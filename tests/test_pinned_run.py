@@ -17,7 +17,6 @@ import math
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "pinned_run.json"

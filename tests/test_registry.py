@@ -9,6 +9,8 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
+from conftest import preset_loss
+
 from hacrl_lightning.algorithms import PRESETS, compute_advantages, get_preset, hacpo_loss, preset_names
 from hacrl_lightning.algorithms.registry import (composition_problems, defining_values, pair_fields_taken,
                                                  resolve_algorithm)
@@ -109,7 +111,7 @@ def loss_and_grad(cfg, *, s_cross=0.9, omega_cross=2.0, m=0):
     loss, _ = hacpo_loss(
         logp_new=logp, loss_mask=mask, advantages=torch.tensor([0.5, 1.5], dtype=D),
         is_own=torch.tensor([True, False]), old_logp_mean=old_mean,
-        omega_factor=torch.tensor([1.0, omega_cross], dtype=D), cfg=cfg, m=m,
+        omega_factor=torch.tensor([1.0, omega_cross], dtype=D), **preset_loss(cfg, m),
     )
     return loss.detach(), torch.autograd.grad(loss, logp)[0]
 
@@ -142,5 +144,7 @@ def test_no_adv_changes_the_baseline_only():
         assert same(loss_and_grad(hacpo, **kw), loss_and_grad(no_adv, **kw))
     rewards = torch.tensor([[[1, 0], [1, 1]], [[0, 0], [1, 0]]], dtype=D)  # [P=2, n=2, G=2]
     ones, unequal = torch.ones(2, 2, dtype=D), torch.tensor([[1.0, 0.5], [2.0, 1.0]], dtype=D)
-    torch.testing.assert_close(compute_advantages(rewards, ones, hacpo), compute_advantages(rewards, ones, no_adv))
-    assert not torch.allclose(compute_advantages(rewards, unequal, hacpo), compute_advantages(rewards, unequal, no_adv))
+    torch.testing.assert_close(compute_advantages(rewards, ones, **hacpo.advantage_settings()),
+                               compute_advantages(rewards, ones, **no_adv.advantage_settings()))
+    assert not torch.allclose(compute_advantages(rewards, unequal, **hacpo.advantage_settings()),
+                              compute_advantages(rewards, unequal, **no_adv.advantage_settings()))

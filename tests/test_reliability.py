@@ -27,8 +27,9 @@ from lightning.pytorch import Callback
 
 from hacrl_lightning.callbacks.checkpoint import CRASH_ENV, latest_checkpoint
 from hacrl_lightning.data.synthetic import format_answer
-from hacrl_lightning.datamodule import RolloutDataModule, StepRollouts
+from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import NonFiniteError
+from hacrl_lightning.rewards import exact_match_reward
 from hacrl_lightning.training import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,18 +158,24 @@ def test_same_seed_gives_identical_metrics_and_weights(tmp_path, zoo_cache):
 
 def degenerate_rollout(monkeypatch):
     """Replace tiny_a's rollouts of step 0 with constructed degenerate ones, and make every reward of
-    step 1 equal; everything else (generation, exchange, losses, updates) is the real code."""
-    real = RolloutDataModule.rollout
+    step 1 equal, before the views are built; everything else (generation, scoring of the rest, the
+    exchange, losses, updates) is the real code."""
+    real_rollout, real_gather = RolloutDataModule.rollout, RolloutDataModule._gather
+    current = {}
 
-    def rollout(dm: RolloutDataModule, examples, *, step: int) -> StepRollouts:
-        rolled = real(dm, examples, step=step)
-        n, group = len(dm.names), rolled.group_size
-        if step == 0:
+    def rollout(dm: RolloutDataModule, examples, *, step: int):
+        current["step"] = step
+        return real_rollout(dm, examples, step=step)
+
+    def gather(dm: RolloutDataModule, examples, rollouts):
+        examples, rollouts, stats = real_gather(dm, examples, rollouts)
+        n, group = len(dm.names), dm.group_size
+        if current["step"] == 0:
             a = dm.agents["tiny_a"]
             never_stops = a.encode_response(["1" * a.max_response_len])[0][: a.max_response_len]
-            for p, example in enumerate(rolled.examples):
+            for p, example in enumerate(examples):
                 for i in range(group):
-                    r = rolled.rollouts[(p * n + 0) * group + i]
+                    r = rollouts[(p * n + 0) * group + i]
                     text, ids, finish = format_answer(example.gold), None, "stop"
                     if (p, i) == (0, 0):
                         text, ids = "", [a.eos_token_id]                     # empty: EOS first
@@ -178,14 +185,14 @@ def degenerate_rollout(monkeypatch):
                         text = "7 <|im_end|> 8"                              # tiny_b's special token as text
                     r.response, r.finish_reason = text, finish
                     r.token_ids = ids if ids is not None else a.encode_response([text])[0] + [a.eos_token_id]
-                    r.reward = float(dm.reward_fn(text, example.gold))
+                    r.reward = float(exact_match_reward(text, example.gold))
         else:
-            for r in rolled.rollouts:
+            for r in rollouts:
                 r.reward = 1.0
-        rolled.rewards = torch.tensor([r.reward for r in rolled.rollouts]).view(len(rolled.examples), n, group)
-        return rolled
+        return examples, rollouts, stats
 
     monkeypatch.setattr(RolloutDataModule, "rollout", rollout)
+    monkeypatch.setattr(RolloutDataModule, "_gather", gather)
 
 
 def test_degenerate_rollouts_complete_the_step_and_are_counted(tmp_path, zoo_cache, monkeypatch):

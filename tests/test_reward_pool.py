@@ -118,12 +118,11 @@ def test_config_keys_are_validated_together():
 
 
 def test_datamodule_scores_rollouts_and_evaluation_through_the_pool(zoo_cache):
-    from hacrl_lightning.datamodule import RolloutDataModule
-    from hacrl_lightning.training import load_agents
+    from hacrl_lightning.training import load_agents, make_datamodule
 
     cfg, _ = compose_config(["agents=[tiny_a,tiny_b]", "data.reward=test_char_parity", "data.reward_workers=1",
                              "rollout.group_size=3", f"zoo_cache={zoo_cache}"])
-    dm = RolloutDataModule(cfg, load_agents(cfg))
+    dm = make_datamodule(cfg, load_agents(cfg))
     dm.setup("fit")
     examples = list(dm.train_set)[:2]
     rolled = dm.rollout(examples, step=0)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from hacrl_lightning.config import DataConfig, TrainConfig
-from hacrl_lightning.datamodule import RolloutDataModule
+from hacrl_lightning.training import make_datamodule
 from hacrl_lightning.rewards import exclude_unscorable, get_reward, gold_parses, math_verify_reward, scorable_golds
 
 
@@ -109,7 +109,7 @@ def test_unscorable_golds_are_excluded_at_load_and_reported(tmp_path, caplog):
     path = tmp_path / "math500.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     cfg = DataConfig(name="math", train_files=[str(path)], eval_files=[str(path)], reward="math_verify")
-    data = RolloutDataModule(TrainConfig(data=cfg, run_dir=str(tmp_path / "run")), agents={})
+    data = make_datamodule(TrainConfig(data=cfg, run_dir=str(tmp_path / "run")), agents={})
     with caplog.at_level(logging.WARNING):
         data.setup()
     assert [ex.gold for ex in data.eval_set] == ["\\frac{1}{2}", "7", "x^2"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import hacrl_lightning.module as module_mod
@@ -38,7 +39,7 @@ class Spy:
     """Records what the real training code does (it calls through; nothing is replaced)."""
 
     def __init__(self, monkeypatch):
-        self.losses: list[tuple[str, int]] = []
+        self.losses: list[tuple[str, float]] = []
         self.steps: list[tuple[str, set[str]]] = []
         self.generated_with: list[dict[str, torch.Tensor]] = []
         self.after_step: list[dict[str, torch.Tensor]] = []
@@ -46,7 +47,7 @@ class Spy:
         spy = self
 
         def loss_spy(**kwargs):
-            spy.losses.append((spy.current, kwargs["m"]))
+            spy.losses.append((spy.current, kwargs["cross_lower"]))
             return real_loss(**kwargs)
 
         monkeypatch.setattr(module_mod, "hacpo_loss", loss_spy)
@@ -102,8 +103,8 @@ def test_one_hacpo_step_on_three_agents(tmp_path, zoo_cache, monkeypatch):
         assert len(stepped) == updates
         assert all(changed <= {name} for changed in stepped), stepped  # only the stepped agent moved
         assert any(changed == {name} for changed in stepped)
-        ms = sorted({m for who, m in spy.losses if who == name})
-        assert ms == list(range(updates))  # m = 0, 1, 2, ... handed to the loss
+        bounds = list(dict.fromkeys(lower for who, lower in spy.losses if who == name))
+        assert bounds == pytest.approx([min(1.0, 0.8 + 0.025 * m) for m in range(updates)])  # Eq. 14, m = 0, 1, ...
         row = summary["agents"][name]
         assert row["optimizer_updates"] == updates
         assert row["rollouts_generated"] == prompts * 2
@@ -117,6 +118,25 @@ def test_single_agent_algorithm_trains_side_by_side_without_sharing(tmp_path, zo
         assert summary["agents"][name]["responses_trained"] == 4 * 2  # own responses only
         assert summary["agents"][name]["optimizer_updates"] == 4 // 2
     assert all(changed <= {who} for who, changed in spy.steps)  # (all-equal rewards give no gradient)
+
+
+def test_the_clip_schedule_callback_is_the_one_source_of_the_cross_bound(tmp_path, zoo_cache, monkeypatch):
+    """The loss receives the bounds the callback gives: change the callback's delta_step (not the
+    config) and the bounds of every mini-batch change with it."""
+    from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
+    from hacrl_lightning.training import build_system, build_trainer
+
+    spy = Spy(monkeypatch)
+    cfg = config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=1")
+    module, datamodule, callbacks, _ = build_system(cfg, Path(cfg.run_dir))
+    (schedule,) = [c for c in callbacks if isinstance(c, StepwiseClipCallback)]
+    assert module.clip_schedule is schedule and cfg.algorithm.delta_step == 0.025
+    schedule.delta_step = 0.1
+    build_trainer(cfg, Path(cfg.run_dir), callbacks).fit(module, datamodule=datamodule)
+    for name in ("tiny_a", "tiny_b"):  # 2 agents x 4 prompts / 2 prompts per mini-batch = 4 mini-batches
+        assert [lower for who, lower in spy.losses if who == name] == pytest.approx([0.8, 0.9, 1.0, 1.0])
+    # own rows come first: the cross rows are in mini-batches 2 and 3 (bound 1.0 here, .85/.875 by the config)
+    assert module.last_metrics["tiny_a/clip/cross_lower"] == pytest.approx(1.0)
 
 
 def test_rollouts_are_on_policy(tmp_path, zoo_cache, monkeypatch):
@@ -211,12 +231,17 @@ def test_two_process_fsdp_over_gloo_steps_saves_and_resumes(tmp_path, zoo_cache)
 
 
 def test_kl_to_a_frozen_reference_only_when_beta_is_positive(tmp_path, zoo_cache):
+    from hacrl_lightning.algorithms import CapabilityWindow
+    from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
     from hacrl_lightning.module import HACRLModule
-    from hacrl_lightning.training import load_agents
+    from hacrl_lightning.training import load_agents, update_settings
 
     cfg = config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "algorithm.kl_coef=0.001", "trainer.steps=1")
     initial = load_agents(cfg)
-    assert len(HACRLModule(config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]"), initial).references) == 0
+    no_kl = config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]")
+    module = HACRLModule(initial, algorithm=no_kl.algorithm, update=update_settings(no_kl), capability=CapabilityWindow(2),
+                         clip_schedule=StepwiseClipCallback(delta=0.2, delta_step=0.025))
+    assert len(module.references) == 0
     captured = {}
 
     class Grab(StopAfter):
