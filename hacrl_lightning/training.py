@@ -27,6 +27,7 @@ from hacrl_lightning.callbacks.timing import StepTimer
 from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
 from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
 from hacrl_lightning.config import TrainConfig
+from hacrl_lightning.console import quiet_libraries
 from hacrl_lightning.data.records import PromptDataset
 from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
@@ -102,6 +103,7 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = ()) -> dict[
     `extra_callbacks` are appended to the run's own (capability window, clip schedule, weight
     sync, held-out evaluation, checkpoints)."""
     started = time.perf_counter()
+    quiet_libraries()
     run_dir = Path(cfg.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)

@@ -190,6 +190,12 @@ def test_train_script_end_to_end(tmp_path, zoo_cache):
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "acc before" in result.stdout and str(run) in result.stdout
+    assert [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("eval step")] == [
+        "eval step 0", "eval step 1", "eval step 2"]
+    console = result.stdout + result.stderr  # a quiet console: none of the libraries' chatter (hacrl_lightning/console.py)
+    for chatter in ("litlogger", "GPU available", "eval mode", "weights_only", "Writing model shards",
+                    "Loading weights", "LeafSpec", "Trainer.fit` stopped"):
+        assert chatter not in console, chatter
     events = EventAccumulator(str(run / "tensorboard")).Reload()
     tags = set(events.Tags()["scalars"])
     for agent in ("tiny_a", "tiny_b"):

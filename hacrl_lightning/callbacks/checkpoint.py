@@ -37,7 +37,7 @@ def save_atomically(trainer, path: Path) -> Path:
     if trainer.is_global_zero and partial.exists():
         shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
     trainer.strategy.barrier()
-    trainer.save_checkpoint(str(partial))
+    trainer.save_checkpoint(str(partial), weights_only=False)  # optimizers and callback states too
     trainer.strategy.barrier()
     if trainer.is_global_zero:
         _fsync_tree(partial)

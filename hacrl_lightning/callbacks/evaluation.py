@@ -1,6 +1,7 @@
 """Held-out evaluation callback: every agent on the held-out prompts before, during and after training.
 
-Greedy accuracy per agent (and avg@k / pass@k when `samples > 1`), logged as `{agent}/eval/acc`
+Greedy accuracy per agent (and avg@k / pass@k when `samples > 1`), printed as one line per evaluation
+(rank zero), logged as `{agent}/eval/acc`
 etc. (through the module's `report`) and kept as a history of (step, rollouts generated so far, scores) that resumes with the run
 and feeds `summary.json` and the comparison plots. The generation itself is the DataModule's.
 """
@@ -29,6 +30,9 @@ class HeldOutEvalCallback(Callback):
             "rollouts_generated": {name: c["rollouts_generated"] for name, c in pl_module.counters.items()},
             "scores": scores,
         })
+        if trainer.is_global_zero:
+            print(f"eval step {step}: " + " | ".join(
+                f"{name} " + " ".join(f"{key} {value:.3f}" for key, value in row.items()) for name, row in scores.items()))
         pl_module.report({f"{name}/eval/{key}": value for name, row in scores.items() for key, value in row.items()},
                          step=step)
 

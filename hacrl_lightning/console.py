@@ -1,0 +1,58 @@
+"""A quiet console: library chatter a user can do nothing about is silenced, genuine warnings still show.
+
+A run prints its run directory, a progress bar with each agent's reward, a line per held-out
+evaluation and the final table (`scripts/train.py`). `quiet_libraries()` removes, once per process,
+exactly the messages below and nothing else:
+
+- Lightning's info lines: the litlogger tips, "GPU/TPU available", "LOCAL_RANK: ... CUDA_VISIBLE_DEVICES",
+  "`Trainer.fit` stopped", and the `weights_only` note (our checkpoints say `weights_only=False` at the source, this catches the rest);
+- Lightning's "Found N module(s) in eval mode" warning: RL forward passes run without dropout, so the
+  module puts its agents in eval mode on purpose (`HACRLModule.on_train_batch_start`);
+- Lightning's `LeafSpec` deprecation warning (its own use of torch's pytree, nothing for a user to do);
+- transformers' "Loading weights" and "Writing model shards" progress bars (a tiny agent loads in
+  milliseconds; a hub model's download has its own bar in huggingface_hub), and its advice to pass
+  an attention mask (the engines always do).
+
+Deliberately not here: anything that changes what a run computes, and any blanket filter (no
+`ignore` of a whole category or logger): an unknown warning is shown as it comes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+LIGHTNING_CHATTER = re.compile(
+    r"Tip: For seamless|^GPU available|^TPU available|^HPU available|^LOCAL_RANK: |`Trainer\.fit` stopped|"
+    r"`weights_only` was not set")
+TRANSFORMERS_CHATTER = re.compile(r"attention mask")
+
+
+class _DropMatching(logging.Filter):
+    def __init__(self, pattern: re.Pattern):
+        super().__init__()
+        self.pattern = pattern
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.search(record.getMessage())
+
+
+def _add_once(target: logging.Filterer, pattern: re.Pattern) -> None:
+    if not any(isinstance(f, _DropMatching) and f.pattern is pattern for f in target.filters):
+        target.addFilter(_DropMatching(pattern))
+
+
+def quiet_libraries() -> None:
+    """Install the filters above (idempotent: calling it again adds nothing; safe in every rank)."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning.pytorch.trainer.connectors.checkpoint_connector"):
+        _add_once(logging.getLogger(name), LIGHTNING_CHATTER)
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")  # replaces an equal filter
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.get_logger("transformers")  # configures the library's handler
+    for handler in logging.getLogger("transformers").handlers:  # records of every transformers.* logger pass here
+        _add_once(handler, TRANSFORMERS_CHATTER)
