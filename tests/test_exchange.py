@@ -63,7 +63,7 @@ def test_partner_responses_become_exactly_the_response_in_the_learner_tokens(zoo
     assert [r.response for r in rollouts] == [text for text, _ in TEXTS]
     view = view_for(learner, rollouts, sources=ZOO_AGENTS)
     assert view.agent == learner_name and len(view) == len(TEXTS)
-    expected_prompt = learner.encode_prompt(EXAMPLES[0].prompt)
+    expected_prompt = learner.encode_prompts([EXAMPLES[0].prompt])[0]
     for b, (text, finished) in enumerate(TEXTS):
         prompt, response = row_parts(view, b)
         assert prompt == expected_prompt

@@ -21,7 +21,7 @@ from hacrl_lightning.agents import wheels
 from hacrl_lightning.agents.exchange import make_rollouts, view_for
 from hacrl_lightning.agents.tokenizers import RegistryTokenizerSpec
 from hacrl_lightning.data.benchmarks import load_benchmark
-from hacrl_lightning.data.tasks import task_check_texts
+from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.config import DataConfig
 
 from conftest import agent_preset
@@ -105,7 +105,7 @@ def test_presets_carry_the_real_tokenizers_templates_and_end_tokens(agents, zoo_
 def test_agent_load_accepts_them_on_the_math_fixtures(agents, zoo_cache):
     data = DataConfig(name="math", train_files=[str(FIXTURES / "math.jsonl")],
                       eval_files=[str(FIXTURES / "math500.jsonl")])
-    texts = task_check_texts(data)
+    texts = task_check_texts(load_task(data))
     prompts = [ex.prompt for name in ("math", "math500", "gsm8k", "aime2025", "amc23", "minerva", "olympiadbench")
                for ex in load_benchmark(name, [FIXTURES / f"{name}.jsonl"])]
     for name in PAIR:
@@ -141,13 +141,12 @@ def check_row(learner: Agent, rollout, view, b: int = 0) -> None:
     """HACPO_SPEC §8 for one row: the learner's template for the prompt, the response exactly the
     learner's encoding of the source's text (+ EOS only if it finished), and exact or marked."""
     prompt, response = row_parts(view, b)
-    assert prompt == learner.encode_prompt(rollout.prompt)
+    assert prompt == learner.encode_prompts([rollout.prompt])[0]
     assert decode(learner, prompt) == learner.render_prompts([rollout.prompt])[0]  # fits: not truncated
     body = learner.encode_response([rollout.response])[0]
     full = body + ([learner.eos_token_id] if rollout.finished else [])
     assert response == full[: learner.max_response_len]  # an EOS is appended for `stop` only, never `length`
     assert bool(view.response_truncated[b]) == (len(full) > learner.max_response_len)
-    assert bool(view.finished[b]) == rollout.finished
     marked = bool(view.unrepresentable[b]) or bool(view.response_truncated[b])
     if not marked:
         kept = response[:-1] if rollout.finished else response

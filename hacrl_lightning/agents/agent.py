@@ -206,9 +206,6 @@ class Agent(nn.Module):
         ids = encode_text(self.tokenizer, self.render_prompts(texts))
         return [row[-self.max_prompt_len:] for row in ids] if truncate else ids
 
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.encode_prompts([text])[0]
-
     def encode_response(self, texts: Sequence[str]) -> list[list[int]]:
         """Response texts -> ids, no special tokens added (no EOS: the caller decides)."""
         return encode_text(self.tokenizer, texts)
@@ -236,12 +233,6 @@ class Agent(nn.Module):
         logprobs = gather_logprobs(logits[:, :-1], input_ids[:, 1:], temperature=temperature)  # [B, T-1]
         real = attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()                   # [B, T-1]
         return F.pad(logprobs * real, (1, 0))                                                  # [B, T]
-
-    def sequence_logprob_mean(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
-                              *, temperature: float = 1.0) -> torch.Tensor:
-        """`[B]`: mean of `token_logprobs` over the tokens where `loss_mask` is True (0 for an empty mask)."""
-        logprobs = self.token_logprobs(input_ids, attention_mask, temperature=temperature)    # [B, T]
-        return masked_mean(logprobs, loss_mask)
 
     # -- export ---------------------------------------------------------------------------------------
 
@@ -329,8 +320,3 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature:
         out.append(picked - torch.logsumexp(chunk, dim=-1))
     return torch.cat(out) if out else logits.new_zeros(targets.shape, dtype=torch.float32)
 
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """`[B]` mean of `values[B, T]` over `mask` (True = counts); 0 where a row's mask is empty."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
