@@ -10,6 +10,7 @@ held-out set keeps its first `data.eval_size` problems. Deliberately not here: r
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 from hacrl_lightning.config import DataConfig, suggest
@@ -45,11 +46,22 @@ def task_names() -> list[str]:
     return sorted(TASKS)
 
 
+_last: dict[str, tuple[PromptDataset, PromptDataset]] = {}
+
+
 def load_task(cfg: DataConfig) -> tuple[PromptDataset, PromptDataset]:
-    """(train, held-out) prompt sets of the task `cfg.name`; an unknown name lists the known ones."""
+    """(train, held-out) prompt sets of the task `cfg.name`; an unknown name lists the known ones.
+
+    The last task loaded is kept (keyed by the whole `DataConfig` and its files' modification times),
+    so a run loads its task once although the preflight checks and the training both read it."""
     if cfg.name not in TASKS:
         raise KeyError(f"data.name={cfg.name!r} is unknown: {suggest(cfg.name, TASKS)}")
-    return TASKS[cfg.name](cfg)
+    key = repr((cfg, [os.stat(f).st_mtime_ns if os.path.exists(f) else None
+                      for f in [*cfg.train_files, *cfg.eval_files]]))
+    if key not in _last:
+        _last.clear()
+        _last[key] = TASKS[cfg.name](cfg)
+    return _last[key]
 
 
 def task_check_texts(splits: Sequence[PromptDataset]) -> list[str]:
