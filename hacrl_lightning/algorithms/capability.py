@@ -5,8 +5,9 @@ current one (Eq. 9). The ratio matrix `omega[k, j] = clamp(cap[k] / cap[j], 0.1,
 partner rewards in the learner's baseline (`advantages.py`) and, read as `omega[j, k]`, scales the
 cross term of the loss (`losses.py`).
 
-Deliberately not here: collecting rewards across ranks (the caller all-reduces hit and response
-counts before calling `CapabilityWindow.update`) and logging (the capability callback does that).
+Deliberately not here: collecting rewards across ranks (every rank holds the whole step's rewards,
+gathered by the DataModule, so the accuracy handed to `CapabilityWindow.update` is the global
+batch's), persistence and logging (the capability callback does both).
 """
 
 from __future__ import annotations
