@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from hacrl_lightning.cli import compose_config
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from hydra_config import compose_config  # noqa: E402
 
 PHASES = ("rollout", "reward", "exchange", "old_logprobs", "update", "weight_sync", "logging")
 

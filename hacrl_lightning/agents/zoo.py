@@ -45,8 +45,9 @@ from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.agents.cache import DEFAULT_CACHE, ENV_CACHE, file_table, files_intact, install, lock, \
     resolve_cache_dir
 from hacrl_lightning.agents.tokenizers import RegistryTokenizerSpec, TokenizerSpec, build_tokenizer
-from hacrl_lightning.config import AgentConfig, DataConfig, suggest
+from hacrl_lightning.config import AgentConfig, DataConfig
 from hacrl_lightning.data.synthetic import format_answer, synthetic_examples
+from hacrl_lightning.errors import suggest
 from hacrl_lightning.rewards.exact_match import exact_match_reward
 
 ZOO_FORMAT = 1
