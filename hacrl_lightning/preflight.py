@@ -173,9 +173,9 @@ def _task_sample(data: DataConfig, problems: List[Problem]) -> tuple[list[str], 
 
 
 def _local_dir_problem(key: str, source: str, *, need_config: bool) -> Optional[Problem]:
-    from hacrl_lightning.agents.agent import _looks_like_path
+    from hacrl_lightning.agents.sources import looks_like_path
 
-    if not _looks_like_path(source):
+    if not looks_like_path(source):
         return None
     path = Path(source).expanduser()
     if not path.is_dir():
@@ -189,7 +189,7 @@ def _local_dir_problem(key: str, source: str, *, need_config: bool) -> Optional[
 
 def _resolve(name: str, key: str, source: str, zoo_cache: Any, problems: List[Problem]) -> Optional[str]:
     """`zoo:<preset>` -> its cached directory (built once if needed); an unknown preset is a problem."""
-    from hacrl_lightning.agents.agent import AgentLoadError, resolve_source
+    from hacrl_lightning.agents.sources import AgentLoadError, resolve_source
 
     try:
         return resolve_source(name, source, key=key, zoo_cache=zoo_cache)
@@ -204,10 +204,10 @@ def _load_tokenizer(source: str, cfg: AgentConfig):
     """The tokenizer from a local dir or the local HF cache; None for a hub id that is not cached."""
     from transformers import AutoTokenizer
 
-    from hacrl_lightning.agents.agent import _looks_like_path
+    from hacrl_lightning.agents.sources import looks_like_path
 
     kwargs = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    if not _looks_like_path(source):
+    if not looks_like_path(source):
         kwargs["local_files_only"] = True
     try:
         return AutoTokenizer.from_pretrained(os.path.expanduser(source), **kwargs)
