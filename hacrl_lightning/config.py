@@ -452,13 +452,12 @@ class EvaluateConfig:
     zoo_cache: Optional[str] = None
 
 
-EVAL_PROTOCOLS = ("paper", "custom")
 EVAL_DEVICES = ("auto", "cpu", "cuda")
 
 
 def evaluate_problems(cfg: EvaluateConfig) -> List[Problem]:
     """Every value problem of an evaluation config (empty when it is fine); pure, touches no file.
-    The benchmark, reward and backend names are `hacrl_lightning.preflight.evaluate_name_problems`."""
+    The protocol, benchmark, reward and backend names are `hacrl_lightning.preflight.evaluate_name_problems`."""
     c = Checks()
     if not cfg.agents:
         c.bad("agents", [], "at least one agent dir, run dir, .ckpt or hub id", "e.g. agents=[runs/x/exports/tiny_a]")
@@ -466,7 +465,6 @@ def evaluate_problems(cfg: EvaluateConfig) -> List[Problem]:
         if name not in cfg.benchmarks:
             c.bad(f"files.{name}", cfg.files[name], f"a benchmark of this run {list(cfg.benchmarks)}",
                   f"add {name} to benchmarks or drop files.{name}")
-    c.choice("protocol", cfg.protocol, EVAL_PROTOCOLS)
     c.positive("samples", cfg.samples)
     if cfg.protocol == "paper" and (cfg.samples != 1 or cfg.pass_k):
         c.bad("samples/pass_k", (cfg.samples, list(cfg.pass_k)), "the defaults under protocol=paper (it fixes them)",

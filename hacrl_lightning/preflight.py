@@ -16,7 +16,7 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
   longest sampled task prompt, in its own chat template, in `max_prompt_len`, and fit the longest
   sampled answer (plus EOS) in `max_response_len`.
 
-`validate_evaluate(cfg)` does the same for `scripts/evaluate.py` (benchmark, reward and backend names).
+`validate_evaluate(cfg)` does the same for `scripts/evaluate.py` (protocol, benchmark, reward and backend names).
 A hub id that is not in the local Hugging Face cache is left to `Agent.load` (it probes the hub and
 says what to do). Deliberately not here: model weights (never loaded), and prompts beyond the
 sample: a rare longer prompt is left-truncated at run time and counted in the
@@ -97,8 +97,11 @@ def check_run(cfg: TrainConfig) -> TrainConfig:
 
 
 def evaluate_name_problems(cfg: EvaluateConfig) -> List[Problem]:
-    """The benchmark, reward and backend names of an evaluation config that are not known; pure."""
+    """The protocol, benchmark, reward and backend names of an evaluation config that are not known; pure."""
+    from hacrl_lightning.evaluation import PROTOCOLS  # loaded for evaluation only: it imports the agents
+
     c = Checks()
+    c.choice("protocol", cfg.protocol, PROTOCOLS)
     if not cfg.benchmarks:
         c.bad("benchmarks", [], f"at least one of {sorted(BENCHMARKS)}", "e.g. benchmarks=[math500,aime2025]")
     for name in cfg.benchmarks:
