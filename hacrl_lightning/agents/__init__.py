@@ -8,7 +8,7 @@ Deliberately not here: sampling (`hacrl_lightning.rollout`) and training (the Li
 from hacrl_lightning.agents.agent import Agent, AgentLoadError
 from hacrl_lightning.agents.exchange import AgentView, Rollout, make_rollouts, view_for
 from hacrl_lightning.agents.tokenizers import LossyTokenizerError
-from hacrl_lightning.agents import zoo  # noqa: F401,E402  (registers the zoo: source; see sources.py)
+from hacrl_lightning.agents import zoo  # noqa: F401  (registers the zoo: source; see sources.py)
 
 __all__ = [
     "Agent",
