@@ -1,20 +1,25 @@
-"""Typed configuration: one dataclass per concern, and `validate()` that reports every problem at once.
+"""Typed configuration: one dataclass per concern, and the checks that need nothing but their values.
 
-Every run is described by a `TrainConfig`. Hydra composes it from YAML (see `configs/` and the
-top-level `agents/` folder) with these dataclasses as the schema; only `scripts/` touches Hydra's
-`DictConfig`, everything in the package receives these typed values.
+Every run is described by a `TrainConfig` (an evaluation by an `EvaluateConfig`). Hydra composes
+them from YAML (see `configs/` and the top-level `agents/` folder) with these dataclasses as the
+schema; only `hacrl_lightning/cli.py` touches Hydra's `DictConfig`, everything else in the package
+receives these typed values. `config_problems(cfg)` / `evaluate_problems(cfg)` return every value
+and cross-field problem at once (key, value, what is allowed, how to fix it).
 
-Deliberately not here: Hydra itself (registration and composition live in `scripts/_hydra.py`),
-and anything that needs a file or a tokenizer to be loaded (`hacrl_lightning/preflight.py`).
+A leaf: this module imports nothing from the package but `errors`. Deliberately not here, so:
+Hydra (`cli.py`); the names known elsewhere in the package (algorithm presets, advantage and loss
+modes, backends, tasks, rewards, benchmarks: `preflight.name_problems`); and anything that needs a
+file or a tokenizer (`preflight.check_run`). `preflight.validate(cfg)` runs the pure checks of both.
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
+
+from hacrl_lightning.errors import UNKNOWN_KEY, Checks, ConfigError, Problem, suggest  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -65,7 +70,7 @@ class AgentConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """The RL algorithm. `name` is a preset of `hacrl_lightning.algorithms.registry` (HACPO_SPEC §9);
+    """The RL algorithm. `name` is a preset of `hacrl_lightning.presets` (HACPO_SPEC §9);
     each preset is also a file in `configs/algorithm/`. The defaults are the paper's HACPO."""
 
     name: str = "hacpo"
@@ -141,7 +146,7 @@ class PairConfig:
     A value applies only to a preset with HACPO's cross term (hacpo and its ablations) and only to a
     field that preset does not define: `hacpo_alpha0` keeps alpha = 0, `hacpo_no_stepwise` keeps
     delta_step = 0, and grpo/gspo/gspo_x2/naive keep their own values. An explicit `algorithm.<field>`
-    on the command line wins. The rule is `hacrl_lightning.algorithms.registry.resolve_algorithm`.
+    on the command line wins. The rule is `hacrl_lightning.presets.resolve_algorithm`.
     """
 
     alpha: Optional[float] = None
@@ -256,58 +261,12 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------------
-# validation
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One configuration problem: the key, the bad value, what is allowed, and how to fix it."""
-
-    key: str
-    value: Any
-    allowed: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.key}: got {self.value!r}; allowed: {self.allowed}; fix: {self.fix}"
-
-
-class _UnknownKey:
-    def __repr__(self) -> str:
-        return "an unknown key"
-
-
-UNKNOWN_KEY = _UnknownKey()
-"""The `value` of a Problem about a key that the schema does not have."""
-
-
-class ConfigError(ValueError):
-    """Raised with every problem found, one per line."""
-
-    def __init__(self, problems: List[Problem]):
-        self.problems = list(problems)
-        lines = [f"{len(self.problems)} configuration problem(s):"]
-        lines += [f"  - {p}" for p in self.problems]
-        super().__init__("\n".join(lines))
+# validation (values only; see the module docstring)
 
 
 DTYPES = ("float32", "bfloat16", "float16")
-BACKENDS = ("hf", "vllm")
 STRATEGIES = ("auto", "single", "fsdp")
 PRECISIONS = ("32-true", "bf16-mixed")
-ADVANTAGES = ("hacpo", "group")
-RATIO_LEVELS = ("sequence", "token")
-CROSS_LOSSES = ("hacpo", "self")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-
-
-def suggest(name: str, valid) -> str:
-    """`did you mean 'x'? ` plus the sorted valid names, for messages about unknown names."""
-    valid = sorted(valid)
-    close = difflib.get_close_matches(str(name), valid, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"{hint}known: {valid}"
 
 
 def parse_cross_samples(value: Any) -> Optional[int]:
@@ -322,48 +281,21 @@ def parse_cross_samples(value: Any) -> Optional[int]:
     return number
 
 
-class _Checks:
-    """Collects Problems; the helpers word the common cases (a positive number, one of a list)."""
-
-    def __init__(self) -> None:
-        self.problems: List[Problem] = []
-
-    def bad(self, key: str, value: Any, allowed: str, fix: str) -> None:
-        self.problems.append(Problem(key, value, allowed, fix))
-
-    def positive(self, key: str, value: Any, *, strict: bool = True) -> None:
-        if value is None or (value <= 0 if strict else value < 0):
-            word = "positive" if strict else "non-negative"
-            self.bad(key, value, "> 0" if strict else ">= 0", f"set {key} to a {word} number")
-
-    def choice(self, key: str, value: Any, options) -> None:
-        if value not in options:
-            self.bad(key, value, f"one of {list(options)}", f"set {key} to one of them")
-
-
 def config_problems(cfg: TrainConfig) -> List[Problem]:
-    """Every value and cross-field problem of `cfg` (empty when it is fine); pure, touches no file."""
-    c = _Checks()
+    """Every value and cross-field problem of `cfg` (empty when it is fine); pure, touches no file.
+
+    Unknown keys and wrong types are caught while composing (the dataclasses are Hydra's schema);
+    this covers values and relations between sections. Names that other modules define (the
+    algorithm preset, the task, the reward, ...) are `hacrl_lightning.preflight.name_problems`;
+    `preflight.validate` raises one `ConfigError` with both.
+    """
+    c = Checks()
     for check in (_check_agents, _check_algorithm, _check_pair, _check_rollout, _check_data, _check_trainer):
         check(c, cfg)
     return c.problems
 
 
-def validate(cfg: TrainConfig) -> TrainConfig:
-    """Check every cross-field rule and raise one `ConfigError` listing all problems; return cfg if fine.
-
-    Unknown keys and wrong types are caught while composing (the dataclasses are Hydra's schema);
-    this covers values and relations between sections. Checks that need a file on disk or a
-    tokenizer (model dirs, data files, tokenizer round-trip, prompt lengths) are
-    `hacrl_lightning.preflight.check_run`, which reports them together with these.
-    """
-    problems = config_problems(cfg)
-    if problems:
-        raise ConfigError(problems)
-    return cfg
-
-
-def _check_agents(c: _Checks, cfg: TrainConfig) -> None:
+def _check_agents(c: Checks, cfg: TrainConfig) -> None:
     if not cfg.agents:
         c.bad("agents", [], "at least one agent preset", "select agents, e.g. agents=[tiny_a,tiny_b]")
     for key, agent in cfg.agents.items():
@@ -389,18 +321,8 @@ def _check_agents(c: _Checks, cfg: TrainConfig) -> None:
             c.bad(f"{prefix}.gpu_memory_utilization", agent.gpu_memory_utilization, "(0, 1)", "give each agent a share of the GPU")
 
 
-def _check_algorithm(c: _Checks, cfg: TrainConfig) -> None:
-    from hacrl_lightning.algorithms.registry import preset_names
-
+def _check_algorithm(c: Checks, cfg: TrainConfig) -> None:
     alg = cfg.algorithm
-    names = preset_names()
-    if alg.name not in names:
-        c.bad("algorithm.name", alg.name, suggest(alg.name, names), "pick a preset: algorithm=<name>")
-    c.choice("algorithm.advantage", alg.advantage, ADVANTAGES)
-    c.choice("algorithm.ratio_level", alg.ratio_level, RATIO_LEVELS)
-    c.choice("algorithm.cross_loss", alg.cross_loss, CROSS_LOSSES)
-    c.choice("algorithm.loss_agg_mode", alg.loss_agg_mode, LOSS_AGG_MODES)
-    c.choice("algorithm.kl_estimator", alg.kl_estimator, KL_ESTIMATORS)
     c.positive("algorithm.clip_low", alg.clip_low, strict=False)
     c.positive("algorithm.clip_high", alg.clip_high, strict=False)
     if alg.clip_low >= 1.0:
@@ -434,7 +356,7 @@ def _check_algorithm(c: _Checks, cfg: TrainConfig) -> None:
               "the joint HACPO baseline needs shared rollouts: set algorithm.share_rollouts=true or advantage=group")
 
 
-def _check_pair(c: _Checks, cfg: TrainConfig) -> None:
+def _check_pair(c: Checks, cfg: TrainConfig) -> None:
     """The pair's own values, checked even where the chosen algorithm does not take them."""
     pair = cfg.pair
     if pair.alpha is not None and pair.alpha < 0:
@@ -446,22 +368,14 @@ def _check_pair(c: _Checks, cfg: TrainConfig) -> None:
         c.bad("pair.delta_step", pair.delta_step, ">= 0 (or null: not set)", "Table 5 uses pair.delta_step=0.01 or 0.025")
 
 
-def _check_rollout(c: _Checks, cfg: TrainConfig) -> None:
-    c.choice("rollout.backend", cfg.rollout.backend, BACKENDS)
+def _check_rollout(c: Checks, cfg: TrainConfig) -> None:
     if cfg.rollout.group_size < 2:
         c.bad("rollout.group_size", cfg.rollout.group_size, "an int >= 2 (group baselines need 2 responses)",
               "set rollout.group_size=8 (the paper) or at least 2")
     c.positive("rollout.generation_batch_size", cfg.rollout.generation_batch_size)
 
 
-def _check_data(c: _Checks, cfg: TrainConfig) -> None:
-    from hacrl_lightning.data.tasks import task_names
-    from hacrl_lightning.rewards import reward_names
-
-    if cfg.data.name not in task_names():
-        c.bad("data.name", cfg.data.name, suggest(cfg.data.name, task_names()), "pick a task, e.g. data=synthetic")
-    if cfg.data.reward not in reward_names():
-        c.bad("data.reward", cfg.data.reward, suggest(cfg.data.reward, reward_names()), "set data.reward to a registered reward")
+def _check_data(c: Checks, cfg: TrainConfig) -> None:
     if cfg.data.reward_workers is None or cfg.data.reward_workers < 0:
         c.bad("data.reward_workers", cfg.data.reward_workers, "an int >= 0",
               "0 scores in-process; e.g. data.reward_workers=2 for math_verify")
@@ -480,7 +394,7 @@ def _check_data(c: _Checks, cfg: TrainConfig) -> None:
         c.bad("data.ops", list(cfg.data.ops), "a non-empty subset of ['+', '-', '*']", "e.g. data.ops=['+','-']")
 
 
-def _check_trainer(c: _Checks, cfg: TrainConfig) -> None:
+def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     alg = cfg.algorithm
     tr = cfg.trainer
     c.positive("trainer.steps", tr.steps)
@@ -559,28 +473,19 @@ class EvaluateConfig:
     zoo_cache: Optional[str] = None
 
 
-EVAL_PROTOCOLS = ("paper", "custom")
 EVAL_DEVICES = ("auto", "cpu", "cuda")
 
 
-def validate_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
-    """Every problem of an evaluation config at once (one ConfigError), or cfg when it is fine."""
-    from hacrl_lightning.data.benchmarks import BENCHMARKS
-    from hacrl_lightning.rewards import reward_names
-
-    c = _Checks()
+def evaluate_problems(cfg: EvaluateConfig) -> List[Problem]:
+    """Every value problem of an evaluation config (empty when it is fine); pure, touches no file.
+    The protocol, benchmark, reward and backend names are `hacrl_lightning.preflight.evaluate_name_problems`."""
+    c = Checks()
     if not cfg.agents:
         c.bad("agents", [], "at least one agent dir, run dir, .ckpt or hub id", "e.g. agents=[runs/x/exports/tiny_a]")
-    if not cfg.benchmarks:
-        c.bad("benchmarks", [], f"at least one of {sorted(BENCHMARKS)}", "e.g. benchmarks=[math500,aime2025]")
-    for name in cfg.benchmarks:
-        if name not in BENCHMARKS:
-            c.bad("benchmarks", name, suggest(name, BENCHMARKS), "pick registered benchmarks")
     for name in cfg.files:
         if name not in cfg.benchmarks:
             c.bad(f"files.{name}", cfg.files[name], f"a benchmark of this run {list(cfg.benchmarks)}",
                   f"add {name} to benchmarks or drop files.{name}")
-    c.choice("protocol", cfg.protocol, EVAL_PROTOCOLS)
     c.positive("samples", cfg.samples)
     if cfg.protocol == "paper" and (cfg.samples != 1 or cfg.pass_k):
         c.bad("samples/pass_k", (cfg.samples, list(cfg.pass_k)), "the defaults under protocol=paper (it fixes them)",
@@ -590,24 +495,14 @@ def validate_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
         c.bad("pass_k", list(cfg.pass_k), f"each k in [1, samples={cfg.samples}]", f"raise samples or drop {bad_k}")
     if cfg.temperature is not None:
         c.positive("temperature", cfg.temperature, strict=False)
-        sampled = [b for b in cfg.benchmarks if b in BENCHMARKS and
-                   (cfg.samples if cfg.protocol == "custom" else BENCHMARKS[b].paper_samples) > 1]
-        if cfg.temperature == 0 and sampled:
-            c.bad("temperature", 0, f"> 0 where several answers per problem are drawn ({sampled})",
-                  "leave temperature=null (greedy for one answer, each agent's temperature for several)")
     for key in ("max_prompt_len", "max_response_len", "limit"):
         if getattr(cfg, key) is not None:
             c.positive(key, getattr(cfg, key))
     if cfg.dtype is not None:
         c.choice("dtype", cfg.dtype, DTYPES)
-    if cfg.reward not in reward_names():
-        c.bad("reward", cfg.reward, suggest(cfg.reward, reward_names()), "set reward to a registered reward")
     if cfg.reward_workers < 0:
         c.bad("reward_workers", cfg.reward_workers, ">= 0 (0 scores in this process)", "set reward_workers=2")
     c.positive("reward_timeout_s", cfg.reward_timeout_s)
-    c.choice("backend", cfg.backend, BACKENDS)
     c.positive("generation_batch_size", cfg.generation_batch_size)
     c.choice("device", cfg.device, EVAL_DEVICES)
-    if c.problems:
-        raise ConfigError(c.problems)
-    return cfg
+    return c.problems

@@ -28,7 +28,7 @@ from hacrl_lightning.config import DataConfig, RolloutConfig
 from hacrl_lightning.data.records import Example, PromptDataset
 from hacrl_lightning.evaluation import answer_rewards
 from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
-from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, engine_options, make_engine
+from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:

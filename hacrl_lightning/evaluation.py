@@ -33,7 +33,7 @@ from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pas
 from hacrl_lightning.config import EVAL_PROTOCOLS, AgentConfig, TrainConfig
 from hacrl_lightning.data.benchmarks import get_benchmark
 from hacrl_lightning.data.records import Example
-from hacrl_lightning.rollout.engine import RolloutEngine, SamplingSettings, engine_options, make_engine
+from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
 
 __all__ = [
     "PROTOCOLS", "BatchScorer", "EvalPlan", "answer_rewards", "avg_at_k", "evaluate_agents", "format_table", "load_eval_agents",

@@ -1,7 +1,10 @@
-"""Preflight: the configuration checks that need the file system or a tokenizer, before any model loads.
+"""Preflight: every check of a configuration that needs more than its values, before any model loads.
 
-`check_run(cfg)` is what `scripts/train.py` runs after composing: the pure checks of
-`config.validate` plus the ones below, reported together in ONE `ConfigError` (key, value, what is
+`validate(cfg)` is what composing a run ends with (`hacrl_lightning.cli`): the value checks of
+`config.config_problems` plus `name_problems`, the names that other modules define (the algorithm
+preset, the advantage / ratio / cross-loss / aggregation / KL modes of `algorithms/`, the rollout
+backend, the task, the reward); pure, no file is touched. `check_run(cfg)` is what `scripts/train.py`
+runs: the same, plus the checks below, reported together in ONE `ConfigError` (key, value, what is
 allowed, how to fix it), so a typo costs seconds, not a model load. Here:
 
 - a local model or tokenizer directory that does not exist or holds no `config.json`; an unknown
@@ -13,6 +16,7 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
   longest sampled task prompt, in its own chat template, in `max_prompt_len`, and fit the longest
   sampled answer (plus EOS) in `max_response_len`.
 
+`validate_evaluate(cfg)` does the same for `scripts/evaluate.py` (protocol, benchmark, reward and backend names).
 A hub id that is not in the local Hugging Face cache is left to `Agent.load` (it probes the hub and
 says what to do). Deliberately not here: model weights (never loaded), and prompts beyond the
 sample: a rare longer prompt is left-truncated at run time and counted in the
@@ -25,7 +29,18 @@ import os
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
-from hacrl_lightning.config import AgentConfig, ConfigError, DataConfig, Problem, TrainConfig, config_problems
+from hacrl_lightning.algorithms.advantages import ADVANTAGES
+from hacrl_lightning.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from hacrl_lightning.algorithms.objective import CROSS_LOSSES, RATIO_LEVELS
+from hacrl_lightning.config import AgentConfig, DataConfig, EvaluateConfig, TrainConfig, config_problems, \
+    evaluate_problems
+from hacrl_lightning.data.benchmarks import BENCHMARKS
+from hacrl_lightning.data.synthetic import format_answer
+from hacrl_lightning.data.tasks import load_task, task_names
+from hacrl_lightning.errors import Checks, ConfigError, Problem, suggest
+from hacrl_lightning.presets import preset_names
+from hacrl_lightning.rewards import reward_names
+from hacrl_lightning.rollout.engine import BACKENDS
 
 SAMPLE_PROMPTS = 64
 """Task examples per split whose prompt and answer lengths are checked against each agent's limits."""
@@ -33,11 +48,80 @@ DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".txt", ".arrow")
 """A data entry ending in one of these (or starting like a path) is a local file that must exist."""
 
 
+def name_problems(cfg: TrainConfig) -> List[Problem]:
+    """The names in `cfg` that other modules define and that are not known there (empty when all are);
+    pure, touches no file."""
+    c = Checks()
+    alg = cfg.algorithm
+    names = preset_names()
+    if alg.name not in names:
+        c.bad("algorithm.name", alg.name, suggest(alg.name, names), "pick a preset: algorithm=<name>")
+    c.choice("algorithm.advantage", alg.advantage, ADVANTAGES)
+    c.choice("algorithm.ratio_level", alg.ratio_level, RATIO_LEVELS)
+    c.choice("algorithm.cross_loss", alg.cross_loss, CROSS_LOSSES)
+    c.choice("algorithm.loss_agg_mode", alg.loss_agg_mode, LOSS_AGG_MODES)
+    c.choice("algorithm.kl_estimator", alg.kl_estimator, KL_ESTIMATORS)
+    c.choice("rollout.backend", cfg.rollout.backend, BACKENDS)
+    if cfg.data.name not in task_names():
+        c.bad("data.name", cfg.data.name, suggest(cfg.data.name, task_names()), "pick a task, e.g. data=synthetic")
+    if cfg.data.reward not in reward_names():
+        c.bad("data.reward", cfg.data.reward, suggest(cfg.data.reward, reward_names()), "set data.reward to a registered reward")
+    return c.problems
+
+
+def pure_problems(cfg: TrainConfig) -> List[Problem]:
+    """Every problem of `cfg` that needs no file: its values (`config_problems`), then its names."""
+    return config_problems(cfg) + name_problems(cfg)
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Raise one `ConfigError` listing every value and name problem of `cfg`; return cfg if fine.
+
+    Unknown keys and wrong types are caught while composing (the dataclasses are Hydra's schema).
+    Checks that need a file on disk or a tokenizer are `check_run`, which reports them together with these.
+    """
+    problems = pure_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
 def check_run(cfg: TrainConfig) -> TrainConfig:
     """Raise one `ConfigError` with every problem of `cfg` (pure checks and preflight); return cfg if fine."""
-    problems = config_problems(cfg)
+    problems = pure_problems(cfg)
     seen = {p.key for p in problems}
     problems += [p for p in preflight_problems(cfg) if p.key not in seen]
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def evaluate_name_problems(cfg: EvaluateConfig) -> List[Problem]:
+    """The protocol, benchmark, reward and backend names of an evaluation config that are not known; pure."""
+    from hacrl_lightning.evaluation import PROTOCOLS  # loaded for evaluation only: it imports the agents
+
+    c = Checks()
+    c.choice("protocol", cfg.protocol, PROTOCOLS)
+    if not cfg.benchmarks:
+        c.bad("benchmarks", [], f"at least one of {sorted(BENCHMARKS)}", "e.g. benchmarks=[math500,aime2025]")
+    for name in cfg.benchmarks:
+        if name not in BENCHMARKS:
+            c.bad("benchmarks", name, suggest(name, BENCHMARKS), "pick registered benchmarks")
+    if cfg.temperature == 0:
+        sampled = [b for b in cfg.benchmarks if b in BENCHMARKS and
+                   (cfg.samples if cfg.protocol == "custom" else BENCHMARKS[b].paper_samples) > 1]
+        if sampled:
+            c.bad("temperature", 0, f"> 0 where several answers per problem are drawn ({sampled})",
+                  "leave temperature=null (greedy for one answer, each agent's temperature for several)")
+    if cfg.reward not in reward_names():
+        c.bad("reward", cfg.reward, suggest(cfg.reward, reward_names()), "set reward to a registered reward")
+    c.choice("backend", cfg.backend, BACKENDS)
+    return c.problems
+
+
+def validate_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
+    """Every problem of an evaluation config at once (one ConfigError), or cfg when it is fine."""
+    problems = evaluate_problems(cfg) + evaluate_name_problems(cfg)
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -79,11 +163,8 @@ def _data_file_problems(data: DataConfig) -> List[Problem]:
 
 def _task_sample(data: DataConfig, problems: List[Problem]) -> tuple[list[str], list[str]]:
     """Up to SAMPLE_PROMPTS prompts and boxed answers of each split; a task that fails to load is a problem."""
-    from hacrl_lightning.data.synthetic import format_answer
-    from hacrl_lightning.data.tasks import load_task, task_names
-
     if data.name not in task_names():
-        return [], []  # config_problems reports it
+        return [], []  # name_problems reports it
     try:
         splits = load_task(data)
     except (KeyError, ValueError, OSError) as err:
@@ -95,9 +176,9 @@ def _task_sample(data: DataConfig, problems: List[Problem]) -> tuple[list[str], 
 
 
 def _local_dir_problem(key: str, source: str, *, need_config: bool) -> Optional[Problem]:
-    from hacrl_lightning.agents.agent import _looks_like_path
+    from hacrl_lightning.agents.sources import looks_like_path
 
-    if not _looks_like_path(source):
+    if not looks_like_path(source):
         return None
     path = Path(source).expanduser()
     if not path.is_dir():
@@ -111,7 +192,7 @@ def _local_dir_problem(key: str, source: str, *, need_config: bool) -> Optional[
 
 def _resolve(name: str, key: str, source: str, zoo_cache: Any, problems: List[Problem]) -> Optional[str]:
     """`zoo:<preset>` -> its cached directory (built once if needed); an unknown preset is a problem."""
-    from hacrl_lightning.agents.agent import AgentLoadError, resolve_source
+    from hacrl_lightning.agents.sources import AgentLoadError, resolve_source
 
     try:
         return resolve_source(name, source, key=key, zoo_cache=zoo_cache)
@@ -126,10 +207,10 @@ def _load_tokenizer(source: str, cfg: AgentConfig):
     """The tokenizer from a local dir or the local HF cache; None for a hub id that is not cached."""
     from transformers import AutoTokenizer
 
-    from hacrl_lightning.agents.agent import _looks_like_path
+    from hacrl_lightning.agents.sources import looks_like_path
 
     kwargs = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    if not _looks_like_path(source):
+    if not looks_like_path(source):
         kwargs["local_files_only"] = True
     try:
         return AutoTokenizer.from_pretrained(os.path.expanduser(source), **kwargs)

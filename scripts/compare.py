@@ -26,15 +26,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from omegaconf import OmegaConf  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
-
-from hacrl_lightning import experiments as ex  # noqa: E402
-from hacrl_lightning.callbacks.checkpoint import latest_checkpoint  # noqa: E402
-from hacrl_lightning.config import ConfigError, Problem  # noqa: E402
-from hydra_config import REPO_ROOT, compose_config  # noqa: E402
+from hacrl_lightning import experiments as ex
+from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
+from hacrl_lightning.cli import REPO_ROOT, compose_config
+from hacrl_lightning.errors import ConfigError, Problem
 
 METHODS = ["grpo", "gspo", "gspo_x2", "naive", "hacpo"]
 ABLATIONS = ["hacpo_no_adv", "hacpo_no_omega", "hacpo_alpha0", "hacpo_no_stepwise", "hacpo_no_clip"]

@@ -6,10 +6,11 @@
     python scripts/evaluate.py agents=[...] benchmarks=[gsm8k] files.gsm8k=/data/gsm8k_test.parquet reward=math_verify
     python scripts/evaluate.py --cfg job                                      # print the composed config
 
-Composes `configs/evaluate/evaluate.yaml` with `EvaluateConfig` as the schema (every problem
-reported at once, exit status 2), loads the agents and benchmarks, generates with the rollout
-engine, scores with the reward registry, prints the table and writes results.json and results.md
-in `output_dir`. The resolved config is saved there as evaluate.yaml.
+Composes `configs/evaluate/evaluate.yaml` with `EvaluateConfig` as the schema
+(`hacrl_lightning.cli.compose_evaluate`: every problem reported at once, exit status 2), loads the
+agents and benchmarks, generates with the rollout engine, scores with the reward registry, prints
+the table and writes results.json and results.md in `output_dir`. The resolved config is saved
+there as evaluate.yaml.
 """
 
 from __future__ import annotations
@@ -18,20 +19,15 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from omegaconf import OmegaConf
 
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.core.config_store import ConfigStore  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
-from hydra.errors import HydraException  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
-
-from hacrl_lightning.agents.agent import AgentLoadError  # noqa: E402
-from hacrl_lightning.config import AgentConfig, ConfigError, EvaluateConfig, validate_evaluate  # noqa: E402
-from hacrl_lightning.data.benchmarks import BenchmarkLoadError, DataFormatError, load_benchmark  # noqa: E402
-from hacrl_lightning.evaluation import (  # noqa: E402
+from hacrl_lightning.agents.agent import AgentLoadError
+from hacrl_lightning.cli import compose_evaluate, parse_cli, save_resolved
+from hacrl_lightning.config import AgentConfig
+from hacrl_lightning.data.benchmarks import BenchmarkLoadError, DataFormatError, load_benchmark
+from hacrl_lightning.errors import ConfigError
+from hacrl_lightning.evaluation import (
     build_engines,
     evaluate_agents,
     format_table,
@@ -39,25 +35,7 @@ from hacrl_lightning.evaluation import (  # noqa: E402
     plan_benchmarks,
     write_results,
 )
-from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward  # noqa: E402
-from hydra_config import CONFIG_DIR, _problem_from_exception, parse_cli, save_resolved  # noqa: E402
-
-EVAL_CONFIG_DIR = CONFIG_DIR / "evaluate"
-
-
-def compose_evaluate(overrides: list[str]) -> tuple[EvaluateConfig, DictConfig]:
-    """Overrides -> (validated EvaluateConfig, its DictConfig); raises ConfigError listing every problem."""
-    # `files` is a free dict: files.<benchmark>=... adds a key (Hydra's `+` prefix, added for the user)
-    overrides = [f"+{o}" if o.startswith("files.") else o for o in overrides]
-    ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(EVAL_CONFIG_DIR), version_base="1.3"):
-            dcfg = compose(config_name="evaluate", overrides=overrides)
-        cfg = OmegaConf.to_object(dcfg)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError([_problem_from_exception(err)]) from None
-    return validate_evaluate(cfg), dcfg
+from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
 
 
 def main(argv: list[str]) -> int:

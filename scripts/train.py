@@ -16,12 +16,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from omegaconf import OmegaConf
 
-from omegaconf import OmegaConf  # noqa: E402
-
-from hacrl_lightning.config import ConfigError  # noqa: E402
-from hydra_config import compose_config, parse_cli, save_resolved  # noqa: E402
+from hacrl_lightning.cli import compose_config, parse_cli, save_resolved
+from hacrl_lightning.errors import ConfigError
 
 
 def main(argv: list[str]) -> int:

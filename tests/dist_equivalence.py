@@ -24,12 +24,10 @@ import torch
 from lightning.pytorch import Callback
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-from hydra_config import compose_config  # noqa: E402
 
 import hacrl_lightning.module as module_mod  # noqa: E402
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback  # noqa: E402
+from hacrl_lightning.cli import compose_config  # noqa: E402
 from hacrl_lightning.datamodule import RolloutDataModule  # noqa: E402
 from hacrl_lightning.training import train  # noqa: E402
 

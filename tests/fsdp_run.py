@@ -9,13 +9,11 @@ from pathlib import Path
 
 import torch
 
+from conftest import StopAfter
+from hacrl_lightning.cli import compose_config
+from hacrl_lightning.training import train
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-from conftest import StopAfter  # noqa: E402
-from hydra_config import compose_config  # noqa: E402
-
-from hacrl_lightning.training import train  # noqa: E402
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

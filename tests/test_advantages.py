@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from hacrl_lightning.algorithms import (
     capability_ratios,
     compute_advantages,
-    get_preset,
     group_advantages,
     hacpo_advantages,
     hacpo_baseline,
+)
+from hacrl_lightning.presets import get_preset
 )
 
 D = torch.float64

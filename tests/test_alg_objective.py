@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import preset_loss
-from hacrl_lightning.algorithms import get_preset, hacpo_loss
+from hacrl_lightning.algorithms import hacpo_loss
+from hacrl_lightning.presets import get_preset
 
 D = torch.float64
 INF = float("inf")

@@ -9,15 +9,15 @@ import torch
 from conftest import preset_loss
 
 from hacrl_lightning.algorithms import (
-    PRESETS,
     compute_advantages,
     cross_clip_lower,
-    get_preset,
     hacpo_baseline,
     hacpo_cross_term,
     hacpo_loss,
     log_ratio_from_means,
     sequence_mean_logp,
+)
+from hacrl_lightning.presets import PRESETS, get_preset
 )
 
 D = torch.float64

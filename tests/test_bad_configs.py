@@ -18,11 +18,10 @@ from transformers import AutoModelForCausalLM
 
 from conftest import save_lossy_wordpiece
 from hacrl_lightning.agents import zoo
-from hacrl_lightning.config import ConfigError
+from hacrl_lightning.cli import compose_config
+from hacrl_lightning.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from hydra_config import compose_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")

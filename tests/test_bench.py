@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from hacrl_lightning.cli import compose_config
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from hydra_config import compose_config  # noqa: E402
 
 PHASES = ("rollout", "reward", "exchange", "old_logprobs", "update", "weight_sync", "logging")
 
@@ -63,7 +63,7 @@ def test_bench_config_rows_are_positive_and_the_paths_do_the_same_work(bench):
 
 
 def test_min_new_tokens_forces_full_length_responses(zoo_agents):
-    from hacrl_lightning.rollout.engine import SamplingSettings, make_engine
+    from hacrl_lightning.rollout import SamplingSettings, make_engine
 
     agent = zoo_agents["tiny_b"]
     engine = make_engine("hf", agent.model, eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id)
@@ -81,7 +81,7 @@ def test_min_new_tokens_forces_full_length_responses(zoo_agents):
 
 
 def test_engine_log_probs_can_be_skipped_without_changing_the_tokens(zoo_agents):
-    from hacrl_lightning.rollout.engine import SamplingSettings, make_engine
+    from hacrl_lightning.rollout import SamplingSettings, make_engine
     from hacrl_lightning.rollout.vllm import sampling_params_kwargs
 
     agent = zoo_agents["tiny_a"]

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from hacrl_lightning.algorithms import CapabilityWindow, capability_ratios, get_preset, step_accuracy
+from hacrl_lightning.algorithms import CapabilityWindow, capability_ratios, step_accuracy
+from hacrl_lightning.presets import get_preset
 
 
 def test_capability_ratios_by_hand():

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from hacrl_lightning.algorithms.registry import PRESETS
-from hacrl_lightning.config import UNKNOWN_KEY, AgentConfig, ConfigError, TrainConfig, validate
+from hacrl_lightning.cli import CONFIG_DIR, agent_key, compose_config, group_options, save_resolved
+from hacrl_lightning.config import AgentConfig, TrainConfig
+from hacrl_lightning.errors import UNKNOWN_KEY, ConfigError
+from hacrl_lightning.preflight import validate
+from hacrl_lightning.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-from hydra_config import CONFIG_DIR, agent_key, compose_config, group_options, save_resolved  # noqa: E402
 
 AGENT_FILES = sorted((REPO / "agents").glob("*.yaml"))
 

@@ -6,14 +6,14 @@ these tests; the expected gold answers are listed beside the rows in make_fixtur
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from hacrl_lightning.config import AgentConfig, DataConfig, TrainConfig, validate
+from hacrl_lightning.config import AgentConfig, DataConfig, TrainConfig
 from hacrl_lightning.data.benchmarks import (
     BENCHMARKS,
     PAPER_BENCHMARKS,
@@ -24,11 +24,20 @@ from hacrl_lightning.data.benchmarks import (
     load_benchmark,
 )
 from hacrl_lightning.data.tasks import load_task, task_names
+from hacrl_lightning.preflight import validate
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "math"
-sys.path.insert(0, str(FIXTURES))
 
-import make_fixtures as fx  # noqa: E402
+
+def _fixture_builder():
+    """tests/fixtures/math/make_fixtures.py (a script beside the files it writes), loaded from its path."""
+    spec = importlib.util.spec_from_file_location("make_fixtures", FIXTURES / "make_fixtures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fx = _fixture_builder()
 
 CASES = [(name, stem) for stem, (_, _, names) in fx.LAYOUTS.items() for name in names]
 

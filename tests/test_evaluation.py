@@ -35,7 +35,6 @@ from hacrl_lightning.rewards import exact_match_reward
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "math"
-sys.path.insert(0, str(REPO / "scripts"))
 
 
 def exact_pass_at_k(n: int, c: int, k: int) -> Fraction:
@@ -153,7 +152,7 @@ def arithmetic_benchmark(tmp_path_factory) -> Path:
 
 
 def test_checkpoint_agents_get_the_checkpoints_weights(zoo_agents, tmp_path):
-    from hydra_config import compose_config, save_resolved
+    from hacrl_lightning.cli import compose_config, save_resolved
     from transformers import AutoModelForCausalLM
 
     from hacrl_lightning.training import train

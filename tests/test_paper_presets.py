@@ -15,15 +15,14 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from hacrl_lightning.algorithms.registry import get_preset, preset_names
-from hacrl_lightning.config import ConfigError, TrainConfig
+from hacrl_lightning import cli
+from hacrl_lightning.cli import compose_config, save_resolved
+from hacrl_lightning.config import TrainConfig
+from hacrl_lightning.errors import ConfigError
+from hacrl_lightning.presets import get_preset, preset_names
 from hacrl_lightning.rewards import reward_names
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import hydra_config  # noqa: E402
-from hydra_config import compose_config, save_resolved  # noqa: E402
 
 # preset -> (agent keys, alpha, delta (printed "δ" = 1 - delta), delta_step)
 PAIRS = {
@@ -224,7 +223,7 @@ def config_dir_with(tmp_path, monkeypatch):
 
     def add(name: str, text: str) -> None:
         (root / "experiment" / f"{name}.yaml").write_text(text)
-        monkeypatch.setattr(hydra_config, "CONFIG_DIR", root)
+        monkeypatch.setattr(cli, "CONFIG_DIR", root)
 
     return add
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from hacrl_lightning.cli import compose_dictconfig
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from hydra_config import compose_dictconfig  # noqa: E402
 
 SMOKE_AGENTS = ["tiny_qwen3", "tiny_llama32"]
 ALLOWED = {  # what paper_smoke may change, and why

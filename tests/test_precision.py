@@ -9,18 +9,12 @@ change at this lr: their updates are below half a bf16 ulp and round away.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from hacrl_lightning.config import ConfigError
+from hacrl_lightning.cli import compose_config
+from hacrl_lightning.errors import ConfigError
 from hacrl_lightning.training import load_agents, train
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from hydra_config import compose_config  # noqa: E402
 
 BF16 = ["agents=[tiny_a,tiny_b]", "agents.tiny_a.dtype=bfloat16", "agents.tiny_b.dtype=bfloat16",
         "agents.tiny_a.lr=1e-6", "agents.tiny_b.lr=1e-6", "trainer.precision=bf16-mixed",

@@ -307,11 +307,7 @@ def test_a_failed_fetch_stops_the_zoo_build_with_the_same_message(tmp_path, monk
 
 
 def test_the_heterogeneous_pair_trains_one_step_on_cpu(tmp_path, zoo_cache):
-    import sys
-
-    sys.path.insert(0, str(REPO / "scripts"))
-    from hydra_config import compose_config
-
+    from hacrl_lightning.cli import compose_config
     from hacrl_lightning.training import train
 
     cfg, _ = compose_config([

@@ -11,10 +11,10 @@ import torch
 
 from conftest import preset_loss
 
-from hacrl_lightning.algorithms import PRESETS, compute_advantages, get_preset, hacpo_loss, preset_names
-from hacrl_lightning.algorithms.registry import (composition_problems, defining_values, pair_fields_taken,
-                                                 resolve_algorithm)
+from hacrl_lightning.algorithms import compute_advantages, hacpo_loss
 from hacrl_lightning.config import AlgorithmConfig, PairConfig
+from hacrl_lightning.presets import (PRESETS, composition_problems, defining_values, get_preset, pair_fields_taken,
+                                     preset_names, resolve_algorithm)
 
 D = torch.float64
 GSPO_FIELDS = {"share_rollouts", "advantage", "capability_baseline"}

@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch import Callback
 
 from hacrl_lightning.callbacks.checkpoint import CRASH_ENV, latest_checkpoint
+from hacrl_lightning.cli import compose_config
 from hacrl_lightning.data.synthetic import format_answer
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import NonFiniteError
@@ -33,8 +34,6 @@ from hacrl_lightning.rewards import exact_match_reward
 from hacrl_lightning.training import train
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from hydra_config import compose_config  # noqa: E402
 
 SMALL = ["agents=[tiny_a,tiny_b]", "data.prompts_per_step=4", "trainer.mini_batch_prompts=2", "rollout.group_size=2",
          "trainer.eval_every=0", "data.eval_size=4", "trainer.export_agents=false", "trainer.micro_batch_size=8"]

@@ -6,19 +6,14 @@ The fault-injecting reward lives in tests/reward_faults.py so the workers can im
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from hacrl_lightning.config import ConfigError
+from hacrl_lightning.cli import compose_config
+from hacrl_lightning.errors import ConfigError
 from hacrl_lightning.rewards import RewardPool, math_verify_reward
 from reward_faults import char_parity, faulty_reward
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from hydra_config import compose_config  # noqa: E402
 
 
 def well_behaved(i: int) -> tuple[str, str, float]:

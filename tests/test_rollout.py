@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ZOO_AGENTS
-from hacrl_lightning.rollout.engine import Generation, SamplingSettings, engine_options, make_engine
+from hacrl_lightning.rollout import Generation, SamplingSettings, engine_options, make_engine
 from hacrl_lightning.rollout.hf import HFEngine, split_response
 from hacrl_lightning.rollout.vllm import require_vllm, sampling_params_kwargs, to_generations
 

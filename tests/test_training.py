@@ -11,11 +11,10 @@ import torch
 import hacrl_lightning.module as module_mod
 from conftest import StopAfter
 from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
+from hacrl_lightning.cli import compose_config
 from hacrl_lightning.training import train
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from hydra_config import compose_config  # noqa: E402
 
 THREE = "agents=[tiny_a,tiny_b,tiny_c]"
 

@@ -16,98 +16,22 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from hacrl_lightning.agents.sources import AgentLoadError, fetch, resolve_source
 from hacrl_lightning.agents.tokenizers import check_lossless, decode_text, encode_text, save_tokenizer
 from hacrl_lightning.config import AgentConfig
 
-ZOO_PREFIX = "zoo:"
-HUB_PROBE_TIMEOUT_S = 10.0
-"""How long to wait for the hub before giving up on a model that is not in the local HF cache."""
+__all__ = ["AGENT_FILE", "Agent", "AgentLoadError", "gather_logprobs", "masked_mean", "render_chat_prompts"]
+
 AGENT_FILE = "hacrl_agent.json"
 """Written by `export`: the agent's name and the settings a deployment needs beside the HF files."""
-
-
-class AgentLoadError(RuntimeError):
-    """An agent could not be loaded; the message names the agent, the source and the fix."""
-
-
-# ---------------------------------------------------------------------------------------------------
-# where the files come from
-
-
-def _looks_like_path(source: str) -> bool:
-    return source.startswith(("/", "./", "../", "~", ".\\")) or os.path.isdir(os.path.expanduser(source))
-
-
-def _hub_offline() -> bool:
-    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("TRANSFORMERS_OFFLINE", ""))
-    return any(flag.strip().upper() in ("1", "ON", "YES", "TRUE") for flag in flags)
-
-
-def _probe_hub(repo_id: str, revision: str | None, timeout: float) -> str | None:
-    """None when the hub answers for `repo_id` within `timeout` seconds, else why not."""
-    from huggingface_hub import HfApi
-
-    outcome: list[str | None] = []
-
-    def probe() -> None:
-        try:
-            HfApi().model_info(repo_id, revision=revision, timeout=timeout)
-            outcome.append(None)
-        except Exception as error:  # any failure means "do not start a download"
-            outcome.append(f"{type(error).__name__}: {error}".splitlines()[0][:300])
-
-    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo ignores socket timeouts
-    thread.start()
-    thread.join(timeout + 1.0)
-    return outcome[0] if outcome else f"no answer within {timeout:.0f} s"
-
-
-def _fetch(loader: Callable[..., Any], source: str, *, agent: str, key: str, **kwargs) -> Any:
-    """`loader.from_pretrained(source)`: a local dir directly; a hub id from the local HF cache, or
-    from the hub only after a quick probe says it is reachable (no minutes of download retries)."""
-    if _looks_like_path(source):
-        path = os.path.expanduser(source)
-        if not os.path.isdir(path):
-            raise AgentLoadError(
-                f"agent {agent!r}: {key}={source!r} is not a directory. Fix: point {key} at a directory "
-                f"holding config.json and the weights (e.g. one written by `huggingface-cli download` or Agent.export)."
-            )
-        return loader(path, **kwargs)
-    try:
-        return loader(source, local_files_only=True, **kwargs)
-    except OSError:
-        pass  # not (completely) in the local HF cache
-    why = "the hub is switched off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)" if _hub_offline() else \
-        _probe_hub(source, kwargs.get("revision"), HUB_PROBE_TIMEOUT_S)
-    if why is not None:
-        raise AgentLoadError(
-            f"agent {agent!r}: {key}={source!r} is not in the local Hugging Face cache and cannot be fetched "
-            f"({why}). Fix: download it where the hub is reachable (`huggingface-cli download {source} "
-            f"--local-dir /path/to/dir`), copy the directory here and point the preset at it: {key}=/path/to/dir"
-        )
-    return loader(source, **kwargs)
-
-
-def resolve_source(agent: str, source: str, *, key: str, zoo_cache: str | os.PathLike | None) -> str:
-    """`zoo:<preset>` -> the built preset's directory (building it if needed); anything else unchanged."""
-    if not source.startswith(ZOO_PREFIX):
-        return source
-    from hacrl_lightning.agents import zoo
-
-    preset = source[len(ZOO_PREFIX):]
-    try:
-        return str(zoo.ensure_built(preset, cache_dir=zoo_cache))
-    except KeyError as error:
-        raise AgentLoadError(f"agent {agent!r}: {key}={source!r}: {error.args[0]}") from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -147,9 +71,9 @@ class Agent(nn.Module):
         tokenizer_source = model_source if cfg.tokenizer is None else \
             resolve_source(name, cfg.tokenizer, key=f"{key}.tokenizer", zoo_cache=zoo_cache)
         common = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-        tokenizer = _fetch(AutoTokenizer.from_pretrained, tokenizer_source, agent=name,
+        tokenizer = fetch(AutoTokenizer.from_pretrained, tokenizer_source, agent=name,
                            key=f"{key}.tokenizer" if cfg.tokenizer else f"{key}.model", **common)
-        model = _fetch(AutoModelForCausalLM.from_pretrained, model_source, agent=name, key=f"{key}.model",
+        model = fetch(AutoModelForCausalLM.from_pretrained, model_source, agent=name, key=f"{key}.model",
                        dtype=dtype or getattr(torch, cfg.dtype), **common)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()

@@ -23,14 +23,12 @@ cross agents: a view's ids belong to `view.agent` only.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal, Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 import torch
 
 from hacrl_lightning.agents.agent import Agent
-
-FinishReason = Literal["stop", "length"]
-FINISH_REASONS = ("stop", "length")
+from hacrl_lightning.rollout.engine import FINISH_REASONS, FinishReason
 
 
 @dataclass

@@ -18,8 +18,10 @@ rebuilt. Command line:
     python -m hacrl_lightning.agents.zoo build tiny_a --out /tmp/tiny_a   # a standalone HF dir
     python -m hacrl_lightning.agents.zoo list                              # presets and cache state
 
-Deliberately not here: loading (`agent.py`) and RL (the trainer). Presets are data: no code
-path asks which preset it builds.
+`Agent.load` reaches the zoo through `sources.py`, where this module registers the `zoo:` prefix
+(`hacrl_lightning.agents` imports it, so the prefix is known before any agent loads); `agent.py`
+never imports this module. Deliberately not here: loading (`agent.py`) and RL (the trainer).
+Presets are data: no code path asks which preset it builds.
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.agents.cache import DEFAULT_CACHE, ENV_CACHE, file_table, files_intact, install, lock, \
     resolve_cache_dir
+from hacrl_lightning.agents.sources import register_resolver
 from hacrl_lightning.agents.tokenizers import RegistryTokenizerSpec, TokenizerSpec, build_tokenizer
-from hacrl_lightning.config import AgentConfig, DataConfig, suggest
+from hacrl_lightning.config import AgentConfig, DataConfig
 from hacrl_lightning.data.synthetic import format_answer, synthetic_examples
+from hacrl_lightning.errors import suggest
 from hacrl_lightning.rewards.exact_match import exact_match_reward
 
 ZOO_FORMAT = 1
@@ -419,6 +423,17 @@ def ensure_built(name: str, *, cache_dir: str | os.PathLike | None = None, log=N
         log(f"[zoo] {spec.name}: {facts['parameters']:,} parameters, held-out greedy accuracy "
             f"{_accuracy(facts)}, built in {facts['build_seconds']:.1f} s")
     return final
+
+
+ZOO_PREFIX = "zoo:"
+"""An agent source `zoo:<preset>` is resolved by `ensure_built` (registered with `sources` below)."""
+
+
+def _resolve_source(preset: str, cache_dir: str | os.PathLike | None) -> Path:
+    return ensure_built(preset, cache_dir=cache_dir)
+
+
+register_resolver(ZOO_PREFIX, _resolve_source)
 
 
 def _accuracy(facts: dict[str, Any]) -> str:

@@ -26,19 +26,16 @@ from hacrl_lightning.algorithms.losses import (
 )
 from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pass_at_k
 from hacrl_lightning.algorithms.objective import hacpo_loss
-from hacrl_lightning.algorithms.registry import PRESETS, get_preset, preset_names
 from hacrl_lightning.algorithms.sampling import select_cross_samples
 
 __all__ = [
     "MAX_ABS_LOG_RATIO",
-    "PRESETS",
     "CapabilityWindow",
     "aggregate_loss",
     "avg_at_k",
     "capability_ratios",
     "compute_advantages",
     "cross_clip_lower",
-    "get_preset",
     "group_advantages",
     "hacpo_advantages",
     "hacpo_baseline",
@@ -48,7 +45,6 @@ __all__ = [
     "log_ratio_from_means",
     "pass_at_k",
     "ppo_clip_term",
-    "preset_names",
     "select_cross_samples",
     "sequence_log_ratio",
     "sequence_mean_logp",

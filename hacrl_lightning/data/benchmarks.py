@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from hacrl_lightning.config import suggest
+from hacrl_lightning.errors import suggest
 from hacrl_lightning.data.records import Example, PromptDataset
 from hacrl_lightning.rewards.exact_match import extract_boxed
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 from typing import Callable, Sequence
 
-from hacrl_lightning.config import DataConfig, suggest
+from hacrl_lightning.config import DataConfig
 from hacrl_lightning.data.benchmarks import load_benchmark
 from hacrl_lightning.data.records import PromptDataset
 from hacrl_lightning.data.synthetic import format_answer, synthetic_dataset
+from hacrl_lightning.errors import suggest
 
 TaskLoader = Callable[[DataConfig], "tuple[PromptDataset, PromptDataset]"]
 

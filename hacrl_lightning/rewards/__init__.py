@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Dict, Sequence, TypeVar
 
-from hacrl_lightning.config import suggest
+from hacrl_lightning.errors import suggest
 from hacrl_lightning.rewards.exact_match import exact_match_reward, extract_boxed
 from hacrl_lightning.rewards.math_verify import gold_parses, math_verify_reward
 from hacrl_lightning.rewards.pool import RewardPool

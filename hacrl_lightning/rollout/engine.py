@@ -2,20 +2,21 @@
 
 One engine serves one agent. Engines know nothing about tokenizers, chat templates, rewards or
 other agents (DESIGN §3): the caller encodes prompts with the agent's own chat template and
-decodes what comes back. `make_engine` picks the backend by name, so the training loop never
-knows which one runs. Deliberately not here: weight export formats (each backend's own module).
+decodes what comes back. `hacrl_lightning.rollout.make_engine` picks the backend by name, so the
+training loop never knows which one runs. Deliberately not here: the backends themselves (`hf.py`,
+`vllm.py`: this module imports neither) and weight export formats (each backend's own module).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, get_args, runtime_checkable
 
 import torch
 
 FinishReason = Literal["stop", "length"]
+"""Why a response ended: its stop token (`stop`, included in the token ids) or the length limit (`length`)."""
+FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
 
 
 @dataclass(frozen=True)
@@ -78,32 +79,4 @@ class RolloutEngine(Protocol):
 
 
 BACKENDS = ("hf", "vllm")
-
-
-def make_engine(backend: str, model: torch.nn.Module, **options) -> RolloutEngine:
-    """Build the engine of `backend` (`hf` or `vllm`) for one agent's model."""
-    if backend == "hf":
-        from hacrl_lightning.rollout.hf import HFEngine
-
-        return HFEngine(model, **options)
-    if backend == "vllm":
-        from hacrl_lightning.rollout.vllm import VLLMEngine
-
-        return VLLMEngine(model, **options)
-    raise ValueError(f"rollout.backend={backend!r} is unknown: allowed {list(BACKENDS)}; use rollout=hf or rollout=vllm")
-
-
-def engine_options(agent, backend: str, *, batch_size: int, seed: int = 0,
-                   gpu_memory_utilization: float | None = None, export_to: str | os.PathLike | None = None) -> dict:
-    """`make_engine` options for one agent (an `Agent`: token ids, lengths, export).
-
-    vLLM loads weights from a Hugging Face dir, so the agent is first exported to `export_to`
-    (default `engine_dirs/<name>`; also the dir its weight sync writes to); its memory share is the
-    agent's own `gpu_memory_utilization` unless one is given for all.
-    """
-    options = dict(eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id, batch_size=batch_size)
-    if backend == "vllm":
-        share = agent.cfg.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
-        options.update(model_dir=agent.export(Path(export_to or Path("engine_dirs") / agent.name)), gpu_memory_utilization=share,
-                       seed=seed, max_model_len=agent.max_prompt_len + agent.max_response_len, dtype=agent.cfg.dtype)
-    return options
+"""The backends `hacrl_lightning.rollout.make_engine` builds: `hf` (`hf.py`) and `vllm` (`vllm.py`)."""

@@ -30,7 +30,9 @@ import re
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from hacrl_lightning.bench.report import print_table
+
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "math"
 TEXT_COLUMNS = ("problem", "question", "solution", "answer", "final_answer")
 STRESS_PIECES = [
@@ -143,7 +145,7 @@ def measure(source, learner, texts: list[str]) -> list[dict]:
 
 
 def run(args) -> dict:
-    from hydra_config import compose_config
+    from hacrl_lightning.cli import compose_config
 
     from hacrl_lightning.agents import Agent
 
@@ -170,5 +172,10 @@ COLUMNS = ["texts", "direction", "max_response_len", "rows", "exact", "unreprese
 
 
 def table_rows(result: dict) -> list[dict]:
-    """The result's rows with `why` flattened to text, for `bench.print_table(rows, COLUMNS)`."""
+    """The result's rows with `why` flattened to text, for `report.print_table(rows, COLUMNS)`."""
     return [{**row, "why": ", ".join(f"{k} {v}" for k, v in row["why"].items()) or "-"} for row in result["exchange"]]
+
+
+def print_report(result: dict) -> None:
+    print(f"machine: {result['machine']} | texts: {result['sizes']} (each sent as `stop` and as `length`)")
+    print_table(table_rows(result), COLUMNS)

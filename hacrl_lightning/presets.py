@@ -6,8 +6,9 @@ differs from `hacpo` only in the component it names (`defining_values`); `config
 holds the same values for Hydra (a test keeps the two equal). An experiment's `PairConfig` (Table 5:
 alpha, delta, delta_step) is resolved into the chosen preset by `resolve_algorithm`, and
 `composition_problems` refuses what cannot be honoured; both are pure functions of dataclasses.
-Deliberately not here: the math (see `advantages.py` and `losses.py`), which reads the switches,
-and Hydra (`scripts/hydra_config.py` finds which keys the command line set and calls these).
+Deliberately not here: the math (`hacrl_lightning.algorithms` reads the switches and does not import
+this module), the check that `algorithm.name` is a preset (`preflight.name_problems`), and Hydra
+(`hacrl_lightning/cli.py` finds which keys the command line set and calls these).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any, Collection
 
-from hacrl_lightning.config import AlgorithmConfig, PairConfig, Problem, suggest
+from hacrl_lightning.config import AlgorithmConfig, PairConfig
+from hacrl_lightning.errors import Problem, suggest
 
 _HACPO = AlgorithmConfig(name="hacpo")
 _GSPO = replace(
@@ -117,7 +119,7 @@ def composition_problems(alg: AlgorithmConfig, pair: PairConfig, explicit: Colle
         return [Problem("algorithm.name", alg.name, "the preset chosen with algorithm=<name>",
                         f"write algorithm={alg.name} (not algorithm.name=...) so that its values load")]
     if alg.name not in PRESETS:
-        return []  # `config._check_algorithm` names the unknown preset
+        return []  # `preflight.name_problems` names the unknown preset
     problems = []
     for key, value in defining_values(alg.name).items():
         got = getattr(alg, key)

@@ -1,23 +1,26 @@
-"""Hydra composition for the scripts: the only code that touches `DictConfig`.
+"""The command line's configuration: Hydra composition, the only module of the package that imports Hydra.
 
-`compose_config(overrides)` turns command-line overrides into a validated `TrainConfig` with the
-dataclasses of `hacrl_lightning.config` registered as Hydra's structured-config schema. Every
-failure (an unknown key or agent, a wrong type, a bad value) surfaces as one `ConfigError` that
-lists each problem with the key, the value, what is allowed and how to fix it.
+`compose_config(overrides)` turns command-line overrides into a validated `TrainConfig`, and
+`compose_evaluate(overrides)` into a validated `EvaluateConfig`, with the dataclasses of
+`hacrl_lightning.config` registered as Hydra's structured-config schema (one composer, `_compose`,
+serves both). Every failure (an unknown key or agent, a wrong type, a bad value or name) surfaces
+as one `ConfigError` that lists each problem with the key, the value, what is allowed and how to fix it.
 
 An experiment's per-pair values (`pair:`) are resolved into the chosen algorithm here, from the typed
-values, by `hacrl_lightning.algorithms.registry` (`resolve_algorithm`, `composition_problems`); this
-module only tells it which keys the command line set, and writes the resolved algorithm back into the
-DictConfig, so that what `--cfg job` prints and `config.yaml` saves is what runs.
+values, by `hacrl_lightning.presets` (`resolve_algorithm`, `composition_problems`); this module only
+tells it which keys the command line set, and writes the resolved algorithm back into the DictConfig,
+so that what `--cfg job` prints and `config.yaml` saves is what runs.
 
 The scripts use the compose API rather than `@hydra.main`: the working directory never changes,
-config paths are absolute (runs work from any directory), and errors are ours to word.
+config paths are absolute (runs work from any directory), and errors are ours to word. The config
+tree is the repository's `configs/` (and `agents/`): this module finds it beside the package, as
+in a source checkout or an editable install. Deliberately not here: any check of the values
+(`config`, `presets`, `preflight`) and anything that runs a job (`scripts/`).
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, Sequence, get_type_hints
@@ -31,20 +34,25 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hacrl_lightning.algorithms.registry import composition_problems, resolve_algorithm
-from hacrl_lightning.config import (UNKNOWN_KEY, AgentConfig, ConfigError, Problem, TrainConfig, config_problems,
-                                    suggest, validate)
-from hacrl_lightning.preflight import check_run
+import hacrl_lightning.config as schema
+from hacrl_lightning.config import AgentConfig, EvaluateConfig, TrainConfig
+from hacrl_lightning.errors import UNKNOWN_KEY, ConfigError, Problem, suggest
+from hacrl_lightning.preflight import check_run, pure_problems, validate, validate_evaluate
+from hacrl_lightning.presets import composition_problems, resolve_algorithm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
 GROUPS = ("algorithm", "data", "rollout", "trainer", "experiment", "agents")
+EVALUATE_DIR = "evaluate"
+"""The evaluation config's folder under CONFIG_DIR (`configs/evaluate/evaluate.yaml`)."""
 
 
 def register_schema() -> None:
-    """The typed schema, and the `${repo:<path>}` resolver: a path inside this repository, absolute
-    (the CPU smoke preset reads the math fixtures under tests/ from any working directory)."""
+    """The typed schemas (`train_schema`, `evaluate_schema`), and the `${repo:<path>}` resolver: a path
+    inside this repository, absolute (the CPU smoke preset reads the math fixtures under tests/ from
+    any working directory)."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
     if not OmegaConf.has_resolver("repo"):
         OmegaConf.register_new_resolver("repo", lambda path: str(REPO_ROOT / path))
 
@@ -146,7 +154,7 @@ def _problem_from_exception(err: Exception) -> Problem:
     first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
     match = re.search(r"Key '([^']+)' not in '(\w+)'", text)
     if match:
-        cls = getattr(sys.modules["hacrl_lightning.config"], match.group(2), None)
+        cls = getattr(schema, match.group(2), None)
         names = [f.name for f in fields(cls)] if cls else []
         return Problem(key or match.group(1), UNKNOWN_KEY, suggest(match.group(1), names),
                        "fix the spelling in the YAML file or on the command line")
@@ -161,18 +169,23 @@ def _problem_from_exception(err: Exception) -> Problem:
     return Problem(key or "config", first, "a configuration that composes", "see the message")
 
 
-def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
-    """The composed (unvalidated) DictConfig; raises ConfigError for override and composition problems."""
-    problems = check_overrides(overrides)
-    if problems:
-        raise ConfigError(problems)
+def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> DictConfig:
+    """Compose `config_name` from `config_dir` with the schemas registered; raises ConfigError on failure."""
     register_schema()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            return compose(config_name="train", overrides=list(overrides))
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            return compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError([_problem_from_exception(err)]) from None
+
+
+def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
+    """The composed (unvalidated) training DictConfig; raises ConfigError for override and composition problems."""
+    problems = check_overrides(overrides)
+    if problems:
+        raise ConfigError(problems)
+    return _compose(CONFIG_DIR, "train", overrides)
 
 
 def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -181,8 +194,9 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     The pair's values are resolved into the algorithm (`overrides`: the command line it was composed
     from, whose explicit keys win and are checked); a composition that cannot be honoured is refused
     with the other problems. On success the resolved algorithm is written back into `cfg`.
-    `preflight`: also check files and tokenizers (`hacrl_lightning.preflight.check_run`), all
-    problems in one error; what `scripts/train.py` does before any model is loaded."""
+    Values and names are always checked (`hacrl_lightning.preflight.validate`); `preflight`: also
+    files and tokenizers (`preflight.check_run`), all problems in one error; what `scripts/train.py`
+    does before any model is loaded."""
     try:
         typed = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
@@ -192,7 +206,7 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     typed.algorithm = resolve_algorithm(typed.algorithm, typed.pair, explicit)
     if refused:  # with the other problems, each key once
         seen = {problem.key for problem in refused}
-        raise ConfigError(refused + [problem for problem in config_problems(typed) if problem.key not in seen])
+        raise ConfigError(refused + [problem for problem in pure_problems(typed) if problem.key not in seen])
     checked = check_run(typed) if preflight else validate(typed)
     cfg.algorithm = OmegaConf.structured(typed.algorithm)  # what is shown and saved is what runs
     return checked
@@ -202,6 +216,19 @@ def compose_config(overrides: Sequence[str] = (), *, preflight: bool = False) ->
     """Overrides -> (validated TrainConfig, the DictConfig it came from with the resolved algorithm, for saving)."""
     dcfg = compose_dictconfig(overrides)
     return to_train_config(dcfg, preflight=preflight, overrides=overrides), dcfg
+
+
+def compose_evaluate(overrides: Sequence[str] = ()) -> tuple[EvaluateConfig, DictConfig]:
+    """Overrides -> (validated EvaluateConfig, its DictConfig), from `configs/evaluate/evaluate.yaml`;
+    raises ConfigError listing every problem."""
+    # `files` is a free dict: files.<benchmark>=... adds a key (Hydra's `+` prefix, added for the user)
+    overrides = [f"+{o}" if o.startswith("files.") else o for o in overrides]
+    dcfg = _compose(CONFIG_DIR / EVALUATE_DIR, "evaluate", overrides)
+    try:
+        cfg = OmegaConf.to_object(dcfg)
+    except OmegaConfBaseException as err:
+        raise ConfigError([_problem_from_exception(err)]) from None
+    return validate_evaluate(cfg), dcfg
 
 
 def save_resolved(dcfg: DictConfig, run_dir: Path, name: str = "config.yaml") -> Path:

@@ -55,6 +55,8 @@ from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 
+from hacrl_lightning.bench.report import print_table
+
 PHASES = ("rollout", "reward", "exchange", "old_logprobs", "update", "weight_sync", "logging")
 """The framework step's phases, in order; `logging` is the remainder (see the module docstring)."""
 MB = 2**20
@@ -87,8 +89,7 @@ def configurations(args) -> list[tuple[int, int]]:
 
 
 def compose(agent_names: list[str], group: int, prompts: int, steps: int, run_dir: str):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from hydra_config import compose_config
+    from hacrl_lightning.cli import compose_config
 
     cfg, _ = compose_config([f"agents=[{','.join(agent_names)}]", "algorithm=hacpo", f"rollout.group_size={group}",
                              f"data.prompts_per_step={prompts}", f"trainer.mini_batch_prompts={min(4, prompts)}",
@@ -525,8 +526,6 @@ def run(args) -> dict:
 
 
 def print_report(result: dict) -> None:
-    from bench import print_table  # scripts/ is on sys.path
-
     print(f"machine: {result['machine']} | {result['date']} | load avg before "
           f"{result['load_avg_before'][0]:.2f}, after {result['load_avg_after'][0]:.2f} | {result['wall_s']:.0f} s")
     head = result["configs"][0]

@@ -1,0 +1,64 @@
+"""Rollout: one engine per agent, token ids in, sampled token ids + finish reasons + log-probs out.
+
+The contract (`RolloutEngine`, `SamplingSettings`, `Generation`, `FinishReason`) is `engine.py`; the
+backends are `hf.py` (transformers generate, CPU or GPU) and `vllm.py` (GPU, the optional [vllm]
+extra). `make_engine(backend, model, **options)` builds one by name and `engine_options(agent, ...)`
+gives an agent's options, so callers never import a backend. Deliberately not here: tokenizers,
+chat templates, rewards (engines speak token ids only, DESIGN §3).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from hacrl_lightning.rollout.engine import (
+    BACKENDS,
+    FINISH_REASONS,
+    FinishReason,
+    Generation,
+    RolloutEngine,
+    SamplingSettings,
+)
+
+__all__ = [
+    "BACKENDS",
+    "FINISH_REASONS",
+    "FinishReason",
+    "Generation",
+    "RolloutEngine",
+    "SamplingSettings",
+    "engine_options",
+    "make_engine",
+]
+
+
+def make_engine(backend: str, model: torch.nn.Module, **options) -> RolloutEngine:
+    """Build the engine of `backend` (`hf` or `vllm`) for one agent's model."""
+    if backend == "hf":
+        from hacrl_lightning.rollout.hf import HFEngine
+
+        return HFEngine(model, **options)
+    if backend == "vllm":
+        from hacrl_lightning.rollout.vllm import VLLMEngine
+
+        return VLLMEngine(model, **options)
+    raise ValueError(f"rollout.backend={backend!r} is unknown: allowed {list(BACKENDS)}; use rollout=hf or rollout=vllm")
+
+
+def engine_options(agent, backend: str, *, batch_size: int, seed: int = 0,
+                   gpu_memory_utilization: float | None = None, export_to: str | os.PathLike | None = None) -> dict:
+    """`make_engine` options for one agent (an `Agent`: token ids, lengths, export).
+
+    vLLM loads weights from a Hugging Face dir, so the agent is first exported to `export_to`
+    (default `engine_dirs/<name>`; also the dir its weight sync writes to); its memory share is the
+    agent's own `gpu_memory_utilization` unless one is given for all.
+    """
+    options = dict(eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id, batch_size=batch_size)
+    if backend == "vllm":
+        share = agent.cfg.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
+        options.update(model_dir=agent.export(Path(export_to or Path("engine_dirs") / agent.name)), gpu_memory_utilization=share,
+                       seed=seed, max_model_len=agent.max_prompt_len + agent.max_response_len, dtype=agent.cfg.dtype)
+    return options
