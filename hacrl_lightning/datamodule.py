@@ -176,13 +176,17 @@ class RolloutDataModule(pl.LightningDataModule):
 
     # -- one step ---------------------------------------------------------------------------------
 
+    def sampling(self, agent: Agent, *, n: int, seed: int) -> SamplingSettings:
+        """How `agent` samples its training responses: its own settings (`SamplingSettings.for_agent`)."""
+        return SamplingSettings.for_agent(agent.cfg, n=n, seed=seed)
+
     def generate(self, examples: Sequence[Example], *, step: int, n: int) -> dict[str, list]:
         """Every agent answers every prompt n times with its own sampling: agent name -> flat Generations
         (prompt-major), seeded by (run seed, step, agent, rank)."""
         out = {}
         for j, (name, agent) in enumerate(self.agents.items()):
             prompt_ids = agent.encode_prompts([ex.prompt for ex in examples])
-            settings = SamplingSettings.for_agent(agent.cfg, n=n, seed=step_seed(self.seed, step, 1000 * j + 7 * self._rank))
+            settings = self.sampling(agent, n=n, seed=step_seed(self.seed, step, 1000 * j + 7 * self._rank))
             out[name] = self.engines[name].generate(prompt_ids, settings)
         return out
 

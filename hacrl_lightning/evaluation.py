@@ -30,7 +30,7 @@ import torch
 
 from hacrl_lightning.agents.agent import AGENT_FILE, Agent, AgentLoadError
 from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pass_at_k
-from hacrl_lightning.config import EVAL_PROTOCOLS, AgentConfig, TrainConfig
+from hacrl_lightning.config import AgentConfig, TrainConfig
 from hacrl_lightning.data.benchmarks import get_benchmark
 from hacrl_lightning.data.records import Example
 from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
@@ -40,7 +40,7 @@ __all__ = [
     "pass_at_k", "plan_benchmarks", "score_correct", "serial_scorer", "unbiased_pass_at_k", "write_results",
 ]
 
-PROTOCOLS = EVAL_PROTOCOLS
+PROTOCOLS = ("paper", "custom")
 
 
 @dataclass(frozen=True)

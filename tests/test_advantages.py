@@ -21,7 +21,6 @@ from hacrl_lightning.algorithms import (
     hacpo_baseline,
 )
 from hacrl_lightning.presets import get_preset
-)
 
 D = torch.float64
 

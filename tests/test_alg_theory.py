@@ -18,7 +18,6 @@ from hacrl_lightning.algorithms import (
     sequence_mean_logp,
 )
 from hacrl_lightning.presets import PRESETS, get_preset
-)
 
 D = torch.float64
 

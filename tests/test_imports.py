@@ -159,8 +159,6 @@ def test_algorithms_does_not_import_the_presets():
     assert not offenders, offenders
 
 
-@pytest.mark.xfail(strict=False, reason="advantages, capability, objective and sampling still import "
-                   "hacrl_lightning.config (AlgorithmConfig, parse_cross_samples); being removed on main")
 def test_algorithms_imports_nothing_outside_algorithms():
     """`algorithms/` is pure tensor math: it imports no other module of the package (config included)."""
     offenders = {module: targets for module in MODULES if module.startswith("hacrl_lightning.algorithms")

@@ -28,7 +28,7 @@ from hacrl_lightning.agents.sources import AgentLoadError, fetch, resolve_source
 from hacrl_lightning.agents.tokenizers import check_lossless, decode_text, encode_text, save_tokenizer
 from hacrl_lightning.config import AgentConfig
 
-__all__ = ["AGENT_FILE", "Agent", "AgentLoadError", "gather_logprobs", "masked_mean", "render_chat_prompts"]
+__all__ = ["AGENT_FILE", "Agent", "AgentLoadError", "gather_logprobs", "render_chat_prompts"]
 
 AGENT_FILE = "hacrl_agent.json"
 """Written by `export`: the agent's name and the settings a deployment needs beside the HF files."""

@@ -286,8 +286,7 @@ def greedy_responses(agent: Agent, prompts: Sequence[str], *, max_new_tokens: in
 
     engine = HFEngine(agent.model, eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id,
                       batch_size=batch_size)
-    settings = SamplingSettings(max_new_tokens=max_new_tokens or agent.max_response_len, temperature=0.0,
-                                return_logprobs=False)  # no [batch, vocab] scores kept per token
+    settings = SamplingSettings.for_agent(agent.cfg, n=1, seed=None, temperature=0.0, max_new_tokens=max_new_tokens)
     return [agent.decode_response(g.token_ids) for g in engine.generate(agent.encode_prompts(prompts), settings)]
 
 

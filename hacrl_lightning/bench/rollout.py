@@ -15,6 +15,7 @@ import platform
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -76,12 +77,12 @@ def run(args) -> dict:
             max_new = args.max_new_tokens or agent.max_response_len
             for backend in backends(args.backend):
                 engine = engine_for(backend, agent, Path(workdir))
-                settings = SamplingSettings(max_new_tokens=max_new, n=args.group, seed=0)
+                settings = SamplingSettings.for_agent(agent.cfg, n=args.group, seed=0, max_new_tokens=max_new)
                 engine.generate(prompts[:2], settings)  # warm-up
                 times, tokens = [], []
                 for r in range(args.repeats):
                     start = time.perf_counter()
-                    gens = engine.generate(prompts, SamplingSettings(max_new_tokens=max_new, n=args.group, seed=r))
+                    gens = engine.generate(prompts, replace(settings, seed=r))
                     times.append(time.perf_counter() - start)
                     tokens.append(sum(len(g.token_ids) for g in gens))
                 seconds = statistics.median(times)

@@ -171,21 +171,23 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
     import torch
     from lightning.pytorch import Callback
 
+    from hacrl_lightning.algorithms import CapabilityWindow
     from hacrl_lightning.callbacks.capability import CapabilityCallback
     from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
     from hacrl_lightning.callbacks.timing import StepTimer
     from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
+    from hacrl_lightning.data.tasks import load_task
     from hacrl_lightning.datamodule import RolloutDataModule
     from hacrl_lightning.module import HACRLModule
-    from hacrl_lightning.training import build_trainer, load_agents
+    from hacrl_lightning.training import build_trainer, load_agents, update_settings
 
     memory = PhaseMemory()
 
     class FixedLengthDataModule(RolloutDataModule):
         """The real DataModule; every response is exactly max_response_len tokens (module docstring)."""
 
-        def sampling(self, agent, *, n, seed, greedy=False):
-            settings = super().sampling(agent, n=n, seed=seed, greedy=greedy)
+        def sampling(self, agent, *, n, seed):
+            settings = super().sampling(agent, n=n, seed=seed)
             return replace(settings, min_new_tokens=settings.max_new_tokens)
 
         def generate(self, *args, **kwargs):
@@ -194,20 +196,19 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
             memory.mark("reward")
             return out
 
-        def rollout(self, *args, **kwargs):
-            rolled = super().rollout(*args, **kwargs)
+        def _views(self, examples, rollouts):
             memory.mark("exchange")
-            recorder.current["rollout_tokens"] = sum(len(r.token_ids) for r in rolled.rollouts)
-            return rolled
+            recorder.current["rollout_tokens"] = sum(len(r.token_ids) for r in rollouts)
+            return super()._views(examples, rollouts)
 
     class MarkedModule(HACRLModule):
         """The real module with phase marks for the memory sampler and a trained-token count."""
 
-        def _old_logprobs(self, views, plans, shape):
+        def _old_logprobs(self, views, plans, rows):
             memory.mark("old_logprobs")
             for view in views.values():  # every row is trained (cross_samples_per_prompt=all)
                 recorder.current["trained_tokens"] += int(view.loss_mask.sum())
-            return super()._old_logprobs(views, plans, shape)
+            return super()._old_logprobs(views, plans, rows)
 
         def _update_learner(self, k, *args, **kwargs):
             if k == 0:
@@ -266,12 +267,19 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = compose(agent_names, group, prompts, warmup + steps, run_dir)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
-        agents = load_agents(cfg)
-        module = MarkedModule(cfg, agents)
-        datamodule = FixedLengthDataModule(cfg, agents)
+        task = load_task(cfg.data)
+        agents = load_agents(cfg, task)
+        window = CapabilityWindow(len(agents), **cfg.algorithm.capability_settings())
+        clip_schedule = StepwiseClipCallback(delta=cfg.algorithm.delta, delta_step=cfg.algorithm.delta_step)
+        module = MarkedModule(agents, algorithm=cfg.algorithm, update=update_settings(cfg), capability=window,
+                              clip_schedule=clip_schedule)
+        datamodule = FixedLengthDataModule(
+            agents, train_set=task[0], eval_set=task[1], data=cfg.data, rollout=cfg.rollout,
+            responses_per_prompt=cfg.responses_per_prompt, share_rollouts=cfg.algorithm.share_rollouts,
+            steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(run_dir) / "engine_dirs")
         sync, timer = WeightSyncCallback(), StepTimer()
         recorder = Recorder(sync)
-        callbacks = [recorder, CapabilityCallback(list(agents), cfg.algorithm), StepwiseClipCallback(cfg.algorithm),
+        callbacks = [recorder, CapabilityCallback(window, list(agents)), clip_schedule,
                      BeforeSync(), sync, AfterSync(), timer]
         trainer = build_trainer(cfg, Path(run_dir), callbacks)
         trainer.fit(module, datamodule=datamodule)
