@@ -30,7 +30,6 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hacrl_lightning import experiments as ex
-from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
 from hacrl_lightning.cli import REPO_ROOT, compose_config
 from hacrl_lightning.errors import ConfigError, Problem
 
@@ -110,6 +109,8 @@ def check_runs(specs: list[ex.RunSpec], training: list[str]) -> None:
 
 def command(spec: ex.RunSpec, training: list[str]) -> list[str]:
     """The `scripts/train.py` command of a run; an interrupted run resumes from its newest checkpoint."""
+    from hacrl_lightning.callbacks.checkpoint import latest_checkpoint  # Lightning: loaded once a run starts
+
     args = spec.overrides(training)
     checkpoints = spec.run_dir / "checkpoints"
     if checkpoints.is_dir():
