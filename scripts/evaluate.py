@@ -19,23 +19,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 from omegaconf import OmegaConf
 
-from hacrl_lightning.agents.agent import AgentLoadError
 from hacrl_lightning.cli import compose_evaluate, parse_cli, save_resolved
 from hacrl_lightning.config import AgentConfig
-from hacrl_lightning.data.benchmarks import BenchmarkLoadError, DataFormatError, load_benchmark
 from hacrl_lightning.errors import ConfigError
-from hacrl_lightning.evaluation import (
-    build_engines,
-    evaluate_agents,
-    format_table,
-    load_eval_agents,
-    plan_benchmarks,
-    write_results,
-)
-from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
 
 
 def main(argv: list[str]) -> int:
@@ -48,6 +36,15 @@ def main(argv: list[str]) -> int:
     if show:
         print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
         return 0
+    # imported once the config is good, so a bad one is reported without loading torch and the models' code
+    import torch
+
+    from hacrl_lightning.agents.sources import AgentLoadError
+    from hacrl_lightning.data.benchmarks import BenchmarkLoadError, DataFormatError, load_benchmark
+    from hacrl_lightning.evaluation import (build_engines, evaluate_agents, format_table, load_eval_agents,
+                                            plan_benchmarks, write_results)
+    from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
+
     out = Path(cfg.output_dir).resolve()
     save_resolved(dcfg, out, name="evaluate.yaml")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
