@@ -82,8 +82,8 @@ def script_main() -> Callable[[str], Callable[[list[str]], int]]:
         module_name = f"scripts_{name}"  # registered: dataclass annotations resolve through sys.modules
         if module_name not in sys.modules:
             spec = importlib.util.spec_from_file_location(module_name, REPO / "scripts" / f"{name}.py")
-            sys.modules[module_name] = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(sys.modules[module_name])
+            module = sys.modules[module_name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
         return sys.modules[module_name].main
 
     return main_of
