@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(PY) scripts/train.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py step --json bench.json

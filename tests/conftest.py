@@ -69,6 +69,26 @@ def zoo_agents(load_zoo_agent) -> Dict[str, Agent]:
     return {name: load_zoo_agent(name) for name in ZOO_AGENTS}
 
 
+@pytest.fixture(scope="session")
+def script_main() -> Callable[[str], Callable[[list[str]], int]]:
+    """`script_main("train")(argv)`: the `main` of scripts/train.py, loaded from its file, run in this
+    process; it returns the exit status and prints to the captured stdout/stderr. An exception fails the
+    test, as a traceback would. This saves a new interpreter (seconds of imports) per call; one subprocess
+    test per script keeps `sys.exit(main(...))` itself tested."""
+    import importlib.util
+    import sys
+
+    def main_of(name: str) -> Callable[[list[str]], int]:
+        module_name = f"scripts_{name}"  # registered: dataclass annotations resolve through sys.modules
+        if module_name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(module_name, REPO / "scripts" / f"{name}.py")
+            module = sys.modules[module_name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        return sys.modules[module_name].main
+
+    return main_of
+
+
 class StopAfter(Callback):
     """Interrupt a run after `steps` training steps (as a kill would, but after that step's checkpoint)."""
 

@@ -2,9 +2,9 @@
 
 Most cases go in-process through the path `scripts/train.py` takes (`compose_config(...,
 preflight=True)`: compose, validate, then the file/tokenizer preflight); a few run the real script
-as a subprocess and check the exit status, the message on stderr and that no traceback is shown.
-Every in-process case also checks that no model weights were loaded (`from_pretrained` of a causal
-LM is watched, not replaced).
+(its `main`, in-process; once as a subprocess) and check the exit status, the message on stderr, that
+no traceback is shown and that nothing is written. Every in-process case also checks that no model
+weights were loaded (`from_pretrained` of a causal LM is watched, not replaced).
 """
 
 from __future__ import annotations
@@ -143,6 +143,20 @@ def run_train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180)
 
 
+@pytest.fixture
+def train_main(script_main, capsys, monkeypatch, tmp_path):
+    """`train_main(args)`: scripts/train.py's `main(args)` in this process, from `tmp_path` as `run_train`
+    runs it, as a CompletedProcess (exit status, stdout, stderr)."""
+
+    def run(args: list[str]) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(tmp_path)
+        status = script_main("train")(args)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["scripts/train.py", *args], status, out, err)
+
+    return run
+
+
 def assert_user_error(result: subprocess.CompletedProcess, run: Path, *needles: str) -> None:
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr + result.stdout
@@ -151,24 +165,27 @@ def assert_user_error(result: subprocess.CompletedProcess, run: Path, *needles: 
     assert "run directory:" not in result.stdout and not run.exists()  # nothing built, nothing written
 
 
-def test_script_missing_model_dir(files, tmp_path):
+def test_script_missing_model_dir(files, tmp_path, train_main, model_loads):
     run = tmp_path / "run"
-    result = run_train(overrides_for(["agents.tiny_a.model={missing}", f"run_dir={run}"], files), tmp_path)
+    result = train_main(overrides_for(["agents.tiny_a.model={missing}", f"run_dir={run}"], files))
     assert_user_error(result, run, "1 configuration problem(s)", "agents.tiny_a.model", str(files["missing"]))
+    assert model_loads == []
 
 
-def test_script_reports_several_problems_in_one_message(files, tmp_path):
+def test_script_reports_several_problems_in_one_message(files, tmp_path, train_main, model_loads):
     run = tmp_path / "run"
-    result = run_train(overrides_for([
+    result = train_main(overrides_for([
         "rollout.group_size=1", "algorithm.delta=1.5", "agents.tiny_b.tokenizer={lossy}",
-        "data.train_files=[{missing}.jsonl]", "agents.tiny_a.max_prompt_len=8", f"run_dir={run}"], files), tmp_path)
+        "data.train_files=[{missing}.jsonl]", "agents.tiny_a.max_prompt_len=8", f"run_dir={run}"], files))
     assert_user_error(result, run, "5 configuration problem(s)", "rollout.group_size: got 1",
                       "algorithm.delta: got 1.5", "agents.tiny_b.tokenizer", "data.train_files[0]",
                       "agents.tiny_a.max_prompt_len: got 8")
     assert result.stderr.count("\n  - ") == 5
+    assert model_loads == []
 
 
 def test_script_unknown_key_and_wrong_type_together(files, tmp_path):
+    """The real `python scripts/train.py` (a subprocess): its exit status is main's."""
     run = tmp_path / "run"
     result = run_train(overrides_for(["trainer.stepz=3", "rollout.group_size=two", f"run_dir={run}"], files), tmp_path)
     assert_user_error(result, run, "2 configuration problem(s)", "did you mean 'steps'", "rollout.group_size")

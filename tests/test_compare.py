@@ -65,16 +65,20 @@ def _compare(args, env_cache):
                           capture_output=True, text=True, timeout=600)
 
 
-def test_compare_rejects_unknown_method_before_running(tmp_path, zoo_cache):
+def test_compare_rejects_unknown_method_before_running(tmp_path, script_main, capsys):
+    """The script's `main` in this process (an exception would fail the test, as a traceback would); the
+    real `python scripts/compare.py` runs in the next test."""
     out = tmp_path / "cmp"
-    proc = _compare(["methods=[grpo,hacpoo]", "seeds=[0]", f"out={out}", "trainer.stepz=3"], zoo_cache)
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    assert "hacpoo" in proc.stderr and "hacpo" in proc.stderr and "trainer.stepz" in proc.stderr
+    status = script_main("compare")(["methods=[grpo,hacpoo]", "seeds=[0]", f"out={out}", "trainer.stepz=3"])
+    stderr = capsys.readouterr().err
+    assert status == 2
+    assert "Traceback" not in stderr
+    assert "hacpoo" in stderr and "hacpo" in stderr and "trainer.stepz" in stderr
     assert not (out / "runs").exists()
 
 
-def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_cache):
+def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_cache, script_main, capsys,
+                                                                 monkeypatch):
     for name in ("tiny_a", "tiny_b"):  # build once here, not in two racing subprocesses
         ensure_built(name, cache_dir=zoo_cache)
     out = tmp_path / "cmp"
@@ -99,9 +103,10 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
             image.verify()
             assert image.format == "PNG" and image.size[0] > 300
 
+    # the same command again (its `main` in this process: no run is left to start a subprocess for)
     summary = out / "runs" / "hacpo" / "seed1" / "summary.json"
     stamp = summary.stat().st_mtime_ns
-    again = _compare([*QUICK, f"out={out}"], zoo_cache)
-    assert again.returncode == 0
-    assert "4 runs (4 already finished)" in again.stdout
+    monkeypatch.setattr(sys, "argv", ["scripts/compare.py", *QUICK, f"out={out}"])
+    assert script_main("compare")(sys.argv[1:]) == 0
+    assert "4 runs (4 already finished)" in capsys.readouterr().out
     assert summary.stat().st_mtime_ns == stamp

@@ -311,15 +311,15 @@ def test_the_heterogeneous_pair_trains_one_step_on_cpu(tmp_path, zoo_cache):
     from hacrl_lightning.training import train
 
     cfg, _ = compose_config([
-        "agents=[tiny_qwen3,tiny_llama32]", "trainer.steps=1", "data.prompts_per_step=2",
-        "trainer.mini_batch_prompts=1", "rollout.group_size=2", "trainer.eval_every=0", "data.eval_size=2",
+        "agents=[tiny_qwen3,tiny_llama32]", "trainer.steps=1", "data.prompts_per_step=1",
+        "trainer.mini_batch_prompts=1", "rollout.group_size=2", "trainer.eval_every=0", "data.eval_size=1",
         "trainer.export_agents=false", "trainer.micro_batch_size=8",
         f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}",
     ])
     summary = train(cfg)
     for name in PAIR:
         row = summary["agents"][name]
-        assert row["optimizer_updates"] == 2 * 2 // 1  # n·P / mini_batch_prompts (HACPO_SPEC §7)
-        assert row["rollouts_generated"] == 2 * 2 and row["responses_trained"] == 2 * 2 * 2
+        assert row["optimizer_updates"] == 2 * 1 // 1  # n·P / mini_batch_prompts (HACPO_SPEC §7)
+        assert row["rollouts_generated"] == 1 * 2 and row["responses_trained"] == 2 * 1 * 2  # own and partner's
         assert row["skipped_updates"] == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
