@@ -14,6 +14,7 @@ file or a tokenizer (`preflight.check_run`). `preflight.validate(cfg)` runs the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -290,9 +291,42 @@ def config_problems(cfg: TrainConfig) -> List[Problem]:
     `preflight.validate` raises one `ConfigError` with both.
     """
     c = Checks()
+    _check_finite(c, cfg)
+    not_finite = {p.key for p in c.problems}
     for check in (_check_agents, _check_algorithm, _check_pair, _check_rollout, _check_data, _check_trainer):
         check(c, cfg)
-    return c.problems
+    return [p for i, p in enumerate(c.problems) if i < len(not_finite) or p.key not in not_finite]  # one per bad key
+
+
+SEED_RANGE = (0, 2**32 - 1)
+"""Seeds numpy, Python and torch all accept (Lightning's `seed_everything` range)."""
+
+
+def _numbers(value: Any, key: str):
+    """(key, number) for every float or int inside a config value: dataclass fields, dict entries, list items."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        yield key, value
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            yield from _numbers(getattr(value, name), f"{key}.{name}" if key else name)
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            yield from _numbers(item, f"{key}.{name}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{key}[{i}]")
+
+
+def _check_finite(c: Checks, cfg: Any) -> None:
+    """Every number is finite (an `lr=inf` or `nan` would train NaN weights into a checkpoint), and seeds lie
+    in SEED_RANGE."""
+    for key, number in _numbers(cfg, ""):
+        if isinstance(number, float) and not math.isfinite(number):
+            c.bad(key, number, "a finite number", f"set {key} to a finite value")
+        elif key.split(".")[-1] == "seed" and not SEED_RANGE[0] <= number <= SEED_RANGE[1]:
+            c.bad(key, number, f"an int in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]", f"set {key} to a non-negative int, e.g. 0")
 
 
 def _check_agents(c: Checks, cfg: TrainConfig) -> None:
@@ -480,6 +514,7 @@ def evaluate_problems(cfg: EvaluateConfig) -> List[Problem]:
     """Every value problem of an evaluation config (empty when it is fine); pure, touches no file.
     The protocol, benchmark, reward and backend names are `hacrl_lightning.preflight.evaluate_name_problems`."""
     c = Checks()
+    _check_finite(c, cfg)
     if not cfg.agents:
         c.bad("agents", [], "at least one agent dir, run dir, .ckpt or hub id", "e.g. agents=[runs/x/exports/tiny_a]")
     for name in cfg.files:

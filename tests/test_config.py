@@ -195,3 +195,17 @@ def test_unknown_task_and_reward_are_reported_together():
     problems = problems_of(["data.name=gsm", "data.reward=exakt"])
     assert [(p.key, p.value) for p in problems] == [("data.name", "gsm"), ("data.reward", "exakt")]
     assert "synthetic" in problems[0].allowed and "exact_match" in problems[1].allowed
+
+
+def test_non_finite_numbers_and_bad_seeds_are_config_errors():
+    """`lr=inf` used to train NaN weights into a checkpoint: every number must be finite, seeds in range,
+    one problem per bad key."""
+    with pytest.raises(ConfigError) as info:
+        compose_config(["agents.tiny_a.lr=inf", "agents.tiny_b.lr=nan", "agents.tiny_a.grad_clip=nan",
+                        "algorithm.delta=nan", "seed=-1", "data.seed=4294967296"])
+    problems = {p.key: p for p in info.value.problems}
+    assert set(problems) == {"agents.tiny_a.lr", "agents.tiny_b.lr", "agents.tiny_a.grad_clip", "algorithm.delta",
+                             "seed", "data.seed"}
+    assert problems["agents.tiny_a.lr"].allowed == "a finite number" and "finite" in problems["algorithm.delta"].fix
+    assert "[0, 4294967295]" in problems["seed"].allowed
+    compose_config(["seed=4294967295", "agents.tiny_a.lr=1e-3"])  # the edges are fine
