@@ -52,3 +52,34 @@ def test_registry_by_name_fails_loudly():
     with pytest.raises(ValueError, match="already registered"):
         register_reward("exact_match")(lambda response, gold: 0.0)
     assert REWARDS["exact_match"] is exact_match_reward
+
+
+def _extract_boxed_by_scanning(text: str) -> str | None:
+    """The former definition (scan from each `\\boxed`, last first): the reference the linear one must equal."""
+    start = text.rfind("\\boxed")
+    while start != -1:
+        pos = start + len("\\boxed")
+        while pos < len(text) and text[pos] == " ":
+            pos += 1
+        if pos < len(text) and text[pos] == "{":
+            depth = 0
+            for end in range(pos, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[end], 0)
+                if depth == 0:
+                    return text[pos + 1 : end]
+        start = text.rfind("\\boxed", 0, start)
+    return None
+
+
+@given(st.lists(st.sampled_from(["\\boxed", "{", "}", " ", "7", "x"]), max_size=40).map("".join))
+def test_linear_extract_boxed_equals_the_scanning_definition(text):
+    assert extract_boxed(text) == _extract_boxed_by_scanning(text)
+
+
+@pytest.mark.timeout(60)  # a hang guard, not a timing: linear is milliseconds, the scanning definition ~40 min
+def test_thousands_of_unclosed_boxes_are_read_once():
+    """4,000 unclosed `\\boxed{` used to take ~6 s (each scanned to the end, quadratic); 80,000 would take
+    most of an hour. The answer among them is still found."""
+    text = "\\boxed{" * 4000 + "\\boxed{42}" + "\\boxed{" * 4000
+    assert extract_boxed(text) == "42" and exact_match_reward(text, "42") == 1.0
+    assert extract_boxed(text * 10) == "42"

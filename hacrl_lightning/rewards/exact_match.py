@@ -14,32 +14,30 @@ def extract_boxed(text: str) -> str | None:
     """The content of the last `\\boxed{...}` in `text` (nested braces kept), or None.
 
     `\\boxed {x}` (spaces before the brace) counts; an unclosed last box does not, and then the
-    last complete one is used.
+    last complete one is used. Linear in len(text): every brace is matched in one pass, so hostile
+    input (thousands of unclosed `\\boxed{`) costs no more than reading it.
     """
+    closing = _matching_braces(text)
     start = text.rfind(BOXED)
     while start != -1:
-        content = _braced(text, start + len(BOXED))
-        if content is not None:
-            return content
+        pos = start + len(BOXED)
+        while pos < len(text) and text[pos] == " ":
+            pos += 1
+        if pos in closing:
+            return text[pos + 1 : closing[pos]]
         start = text.rfind(BOXED, 0, start)
     return None
 
 
-def _braced(text: str, pos: int) -> str | None:
-    """The content of the brace group opening at `pos` (after optional spaces), or None if unbalanced."""
-    while pos < len(text) and text[pos] == " ":
-        pos += 1
-    if pos >= len(text) or text[pos] != "{":
-        return None
-    depth = 0
-    for end in range(pos, len(text)):
-        if text[end] == "{":
-            depth += 1
-        elif text[end] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[pos + 1 : end]
-    return None
+def _matching_braces(text: str) -> dict[int, int]:
+    """Position of each `{` that is closed -> position of its `}` (one left-to-right pass with a stack)."""
+    closing, stack = {}, []
+    for pos, char in enumerate(text):
+        if char == "{":
+            stack.append(pos)
+        elif char == "}" and stack:
+            closing[stack.pop()] = pos
+    return closing
 
 
 def normalize(answer: str) -> str:
