@@ -290,12 +290,12 @@ def config_problems(cfg: TrainConfig) -> List[Problem]:
     algorithm preset, the task, the reward, ...) are `hacrl_lightning.preflight.name_problems`;
     `preflight.validate` raises one `ConfigError` with both.
     """
-    c = Checks()
-    _check_finite(c, cfg)
-    not_finite = {p.key for p in c.problems}
+    numbers, c = Checks(), Checks()
+    _check_finite(numbers, cfg)
     for check in (_check_agents, _check_algorithm, _check_pair, _check_rollout, _check_data, _check_trainer):
         check(c, cfg)
-    return [p for i, p in enumerate(c.problems) if i < len(not_finite) or p.key not in not_finite]  # one per bad key
+    not_finite = {p.key for p in numbers.problems}
+    return numbers.problems + [p for p in c.problems if p.key not in not_finite]  # one problem per bad key
 
 
 SEED_RANGE = (0, 2**32 - 1)

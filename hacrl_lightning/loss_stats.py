@@ -53,23 +53,30 @@ class LossStats(Metric):
         rates were taken over (token-level ratios), else they are per own response (`count/self`)."""
         weights = {"self": float(metrics["count/self"] if own_weight is None else own_weight),
                    "cross": float(metrics["count/cross"])}
-        for name, value in metrics.items():
+        size = len(self.keys)
+        total, weight = torch.zeros(size, dtype=torch.float64), torch.zeros(size, dtype=torch.float64)
+        low = torch.full((size,), float("inf"), dtype=torch.float64)
+        high = torch.full((size,), float("-inf"), dtype=torch.float64)
+        for name, value in metrics.items():  # built on the CPU, added to the states in one go (no per-key sync)
             i = self.index[f"{agent}/{name}"]
             value = float(value)
             kind = self.kinds[i]
-            if kind == "min":
-                self.low[i] = min(float(self.low[i]), value)
-                self.weight[i] += 1.0
-            elif kind == "max":
-                self.high[i] = max(float(self.high[i]), value)
-                self.weight[i] += 1.0
-            elif kind == "sum":
-                self.total[i] += value
-                self.weight[i] += 1.0
+            if kind == "mean":
+                weight[i] = weights["cross" if "cross" in name else "self"]
+                total[i] = value * weight[i]
             else:
-                weight = weights["cross" if "cross" in name else "self"]
-                self.total[i] += value * weight
-                self.weight[i] += weight
+                weight[i] = 1.0
+                if kind == "min":
+                    low[i] = value
+                elif kind == "max":
+                    high[i] = value
+                else:
+                    total[i] = value
+        device = self.total.device
+        self.total += total.to(device)
+        self.weight += weight.to(device)
+        self.low = torch.minimum(self.low, low.to(device))
+        self.high = torch.maximum(self.high, high.to(device))
 
     def compute(self, mini_batches: Mapping[str, int] | None = None) -> dict[str, float]:
         """The step's metrics over every rank: keys no rank reported are left out. `mini_batches[agent]`
