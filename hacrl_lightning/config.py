@@ -250,6 +250,9 @@ class TrainConfig:
     """Where the resolved config, TensorBoard events, checkpoints and exports go."""
     resume: Optional[str] = None
     """A checkpoint file or a run directory (its newest checkpoint) to continue from."""
+    overwrite: bool = False
+    """Start a fresh run in a `run_dir` that already holds one (its old contents are removed); without it a
+    non-empty `run_dir` is refused unless the command resumes that run."""
     zoo_cache: Optional[str] = None
     """Cache of built tiny agents (default: $HACRL_ZOO_CACHE or ~/.cache/hacrl_lightning/zoo)."""
     pair: PairConfig = field(default_factory=PairConfig)
