@@ -39,6 +39,7 @@ from hacrl_lightning.config import AgentConfig, EvaluateConfig, TrainConfig
 from hacrl_lightning.errors import UNKNOWN_KEY, ConfigError, Problem, suggest
 from hacrl_lightning.preflight import check_run, pure_problems, validate, validate_evaluate
 from hacrl_lightning.presets import composition_problems, resolve_algorithm
+from hacrl_lightning.run_dir import resume_run_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -194,6 +195,8 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     The pair's values are resolved into the algorithm (`overrides`: the command line it was composed
     from, whose explicit keys win and are checked); a composition that cannot be honoured is refused
     with the other problems. On success the resolved algorithm is written back into `cfg`.
+    With `resume=` and no `run_dir=` on the command line, the run continues in the resumed run's
+    directory (a `run_dir=` of another directory forks the run there; `training.train`).
     Values and names are always checked (`hacrl_lightning.preflight.validate`); `preflight`: also
     files and tokenizers (`preflight.check_run`), all problems in one error; what `scripts/train.py`
     does before any model is loaded."""
@@ -207,6 +210,8 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     if refused:  # with the other problems, each key once
         seen = {problem.key for problem in refused}
         raise ConfigError(refused + [problem for problem in pure_problems(typed) if problem.key not in seen])
+    if typed.resume and "run_dir" not in explicit:  # a resume continues in its run's directory
+        typed.run_dir = cfg.run_dir = str(resume_run_dir(typed.resume))
     checked = check_run(typed) if preflight else validate(typed)
     cfg.algorithm = OmegaConf.structured(typed.algorithm)  # what is shown and saved is what runs
     return checked

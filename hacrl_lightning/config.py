@@ -227,7 +227,11 @@ class TrainerConfig:
     eval_samples: int = 1
     """k for avg@k / pass@k in periodic evaluation (1: greedy accuracy only)."""
     checkpoint_every: int = 0
-    """Checkpoint every this many steps (0: only at the end)."""
+    """Checkpoint every this many steps (0: not by step count). A checkpoint is also written after the last
+    step and when the run is interrupted (SIGINT/SIGTERM)."""
+    checkpoint_minutes: float = 15.0
+    """Checkpoint whenever this many minutes have passed since the last one (0: off), so a crash costs
+    minutes, not the run."""
     log_every: int = 1
     max_nonfinite_skips: int = 3
     """Consecutive training steps in which an agent may skip updates for a non-finite loss or
@@ -449,6 +453,7 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.eval_every", tr.eval_every, strict=False)
     c.positive("trainer.eval_samples", tr.eval_samples)
     c.positive("trainer.checkpoint_every", tr.checkpoint_every, strict=False)
+    c.positive("trainer.checkpoint_minutes", tr.checkpoint_minutes, strict=False)
     c.positive("trainer.log_every", tr.log_every)
     c.positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips, strict=False)
     if tr.mini_batch_prompts > 0 and cfg.data.prompts_per_step > 0:

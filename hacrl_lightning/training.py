@@ -1,27 +1,34 @@
 """Run one training job from a validated `TrainConfig`: agents, Lightning Trainer, exports, summary.
 
-`train(cfg)` is what `scripts/train.py` (and `scripts/compare.py`) call: it loads the agents,
-wires the module, DataModule, callbacks and TensorBoard logger, fits (resuming when asked),
-exports each agent as a standalone Hugging Face directory and writes `summary.json` in the run
-directory. Deliberately not here: Hydra (the scripts compose the config) and any training math.
+`train(cfg)` is what `scripts/train.py` (and `scripts/compare.py`) call: it claims the run directory,
+loads the agents, wires the module, DataModule, callbacks and TensorBoard logger, fits (resuming or
+forking when asked; stopping cleanly on SIGINT/SIGTERM), exports each agent as a standalone Hugging
+Face directory and writes `summary.json` (how the run ended, its clocks, every agent's figures) in the
+run directory. Deliberately not here: Hydra (the scripts compose the config), the rules of what a
+run directory and a resume may hold (`run_dir.py`, `resume.py`) and any training math.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.algorithms.capability import CapabilityWindow
 from hacrl_lightning.callbacks.capability import CapabilityCallback
-from hacrl_lightning.callbacks.checkpoint import StepCheckpoint, latest_checkpoint
+from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, StepCheckpoint, latest_checkpoint, resume_checkpoint
+from hacrl_lightning.callbacks.interrupt import RunInterrupted, StopOnSignal, catch_signals
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
 from hacrl_lightning.callbacks.timing import StepTimer
 from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
@@ -29,9 +36,12 @@ from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
 from hacrl_lightning.config import TrainConfig
 from hacrl_lightning.console import quiet_libraries
 from hacrl_lightning.data.records import PromptDataset
+from hacrl_lightning.errors import ConfigError
 from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule, UpdateSettings
+from hacrl_lightning.resume import config_dict, resume_changes
+from hacrl_lightning.run_dir import claim_run_dir, run_dir_of
 from hacrl_lightning.strategies import lightning_precision, make_strategy
 
 
@@ -61,10 +71,12 @@ def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
                              steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(cfg.run_dir) / "engine_dirs")
 
 
-def build_system(cfg: TrainConfig, run_dir: Path) -> tuple[HACRLModule, RolloutDataModule, list[pl.Callback], dict]:
+def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = None
+                 ) -> tuple[HACRLModule, RolloutDataModule, list[pl.Callback], dict]:
     """The run's module, DataModule and core callbacks (capability window, clip schedule, weight sync,
-    step timer, held-out evaluation, checkpoints), each given the values it uses; the task loads once.
-    Returns them and the callbacks by role (`timer`, `evaluation`) for the summary."""
+    step timer, held-out evaluation, stop on a signal, checkpoints), each given the values it uses; the
+    task loads once. Returns them and the callbacks by role (`timer`, `evaluation`, `stop`) for the
+    summary (`started`: the session's start for the run clock, default now)."""
     task = load_task(cfg.data)
     agents = load_agents(cfg, task)
     names = list(agents)
@@ -73,15 +85,18 @@ def build_system(cfg: TrainConfig, run_dir: Path) -> tuple[HACRLModule, RolloutD
     module = HACRLModule(agents, algorithm=cfg.algorithm, update=update_settings(cfg), capability=window,
                          clip_schedule=clip_schedule)
     datamodule = make_datamodule(cfg, agents, task)
-    roles = {"timer": StepTimer(),
-             "evaluation": HeldOutEvalCallback(every=cfg.trainer.eval_every, samples=cfg.trainer.eval_samples)}
+    roles = {"timer": StepTimer(started=started),
+             "evaluation": HeldOutEvalCallback(every=cfg.trainer.eval_every, samples=cfg.trainer.eval_samples),
+             "stop": StopOnSignal()}
     callbacks = [
         CapabilityCallback(window, names),
         clip_schedule,
         WeightSyncCallback(),
         roles["timer"],  # after weight sync (part of a step), before evaluation (not part of it)
         roles["evaluation"],
-        StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every),
+        roles["stop"],  # decides after the step (and its evaluation), before the checkpoint that saves it
+        StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every, steps=cfg.trainer.steps,
+                       minutes=cfg.trainer.checkpoint_minutes),
     ]
     return module, datamodule, callbacks, roles
 
@@ -97,37 +112,115 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, callbacks: list[pl.Callback])
     )
 
 
-def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = ()) -> dict[str, Any]:
+def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started: float | None = None,
+          config_yaml: str | None = None) -> dict[str, Any]:
     """Fit, export and summarise one run; returns the summary (also written to summary.json).
 
-    `extra_callbacks` are appended to the run's own (capability window, clip schedule, weight
-    sync, held-out evaluation, checkpoints)."""
-    started = time.perf_counter()
+    The run directory is claimed first (`run_dir.claim_run_dir`: locked, and refused when it holds another
+    run unless this resumes it or `cfg.overwrite`); a resume is checked against the run's saved
+    `config.json` (`resume.resume_changes`) and starts from the newest checkpoint that loads. A `resume`
+    from another run's directory forks that run into `cfg.run_dir` (the other run is only read). Any
+    failure before training starts removes the directory again if this run created it.
+    SIGINT/SIGTERM stop the run after the current step with a checkpoint (`callbacks.interrupt`); the
+    summary's `status` is then `interrupted` (`completed` when all steps ran). `started`: when the process
+    began (epoch seconds; the summary's wall time counts from it). `config_yaml`: the command line's
+    resolved config, saved as `config.yaml` (`config.resumed.yaml` when continuing a run).
+    `extra_callbacks` are appended to the run's own."""
+    started = time.time() if started is None else started
     quiet_libraries()
+    rank = rank_zero_only.rank
     run_dir = Path(cfg.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    with catch_signals():
+        source, skipped = resume_checkpoint(cfg.resume) if cfg.resume else (None, [])
+        continuing = source is not None and run_dir_of(source) == run_dir
+        run = claim_run_dir(run_dir, resuming=continuing, overwrite=cfg.overwrite, rank=rank)
+        try:
+            changes = _check_resume(cfg, source) if source is not None else {}
+            pl.seed_everything(cfg.seed, workers=True, verbose=False)
+            module, datamodule, callbacks, roles = build_system(cfg, run_dir, started=started)
+            trainer = build_trainer(cfg, run_dir, [*callbacks, *extra_callbacks])
+        except BaseException:
+            run.abandon()
+            raise
+        try:
+            if rank == 0:
+                _record_start(run_dir, cfg, config_yaml, continuing=continuing, source=source, skipped=skipped,
+                              changes=changes)
+            status, error = "completed", None
+            try:
+                trainer.fit(module, datamodule=datamodule, ckpt_path=str(source) if source else None)
+            except RunInterrupted as err:  # a second signal: stopped at once, mid-step
+                status, roles["stop"].signum = "interrupted", err.signum
+            except BaseException as err:
+                status, error = "failed", f"{type(err).__name__}: {err}"
+                _write_summary(trainer, run_dir, make_summary(cfg, module, roles, {}, status=status, error=error))
+                raise
+            if roles["stop"].signum or module.steps_done < cfg.trainer.steps:
+                status = "interrupted"
+            exports = {}
+            if cfg.trainer.export_agents and status == "completed":
+                for name, agent in module.agents.items():
+                    exports[name] = str(agent.export(run_dir / "exports" / name))
+            summary = make_summary(cfg, module, roles, exports, status=status, resumed_from=source, skipped=skipped,
+                                   changes=changes)
+            _write_summary(trainer, run_dir, summary)
+            return summary
+        finally:
+            run.release()
 
-    module, datamodule, callbacks, roles = build_system(cfg, run_dir)
-    evaluation, timer = roles["evaluation"], roles["timer"]
-    trainer = build_trainer(cfg, run_dir, [*callbacks, *extra_callbacks])
-    ckpt_path = str(latest_checkpoint(cfg.resume)) if cfg.resume else None
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
-    exports = {}
-    if cfg.trainer.export_agents:
-        for name, agent in module.agents.items():
-            exports[name] = str(agent.export(run_dir / "exports" / name))
-    summary = make_summary(cfg, module, evaluation, exports, wall_s=time.perf_counter() - started, timer=timer)
+def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, Any]]:
+    """The allowed changes of resuming `checkpoint` with `cfg`; raises ConfigError for the refused ones.
+    Compares with the `config.json` of the checkpoint's run (a run saved before that file existed is not
+    compared)."""
+    saved_path = run_dir_of(checkpoint) / "config.json"
+    if not saved_path.is_file():
+        return {}
+    summary_path = run_dir_of(checkpoint) / "summary.json"
+    completed = summary_path.is_file() and json.loads(summary_path.read_text()).get("status") == "completed"
+    step = CHECKPOINT_RE.match(checkpoint.name)
+    problems, changes = resume_changes(json.loads(saved_path.read_text()), cfg, completed=completed,
+                                       at_step=int(step.group(1)) if step else 0)
+    if problems:
+        raise ConfigError(problems)
+    return changes
+
+
+def _record_start(run_dir: Path, cfg: TrainConfig, config_yaml: str | None, *, continuing: bool,
+                  source: Path | None, skipped: list, changes: dict) -> None:
+    """Rank zero, once training is about to start: the config files, and what a resume skipped or changed."""
+    for path, reason in skipped:
+        print(f"resume: {path} does not load ({reason}); using {source} instead", file=sys.stderr)
+    if changes:
+        print("resume: changed " + ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items()))
+    if config_yaml is not None:
+        _write_atomically(run_dir / ("config.resumed.yaml" if continuing else "config.yaml"), config_yaml)
+    if not continuing:  # the settings the run was started with (a continued run keeps its own)
+        _write_atomically(run_dir / "config.json", json.dumps(config_dict(cfg), indent=2) + "\n")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _write_summary(trainer: pl.Trainer, run_dir: Path, summary: dict[str, Any]) -> None:
     if trainer.is_global_zero:
-        tmp = run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, run_dir / "summary.json")
-    return summary
+        _write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
-def make_summary(cfg: TrainConfig, module: HACRLModule, evaluation: HeldOutEvalCallback,
-                 exports: dict[str, str], *, wall_s: float, timer: StepTimer) -> dict[str, Any]:
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds).astimezone().isoformat(timespec="seconds")
+
+
+def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Callback], exports: dict[str, str], *,
+                 status: str, error: str | None = None, resumed_from: Path | None = None, skipped: list = (),
+                 changes: dict | None = None) -> dict[str, Any]:
+    """summary.json: how the run ended, its clocks over all sessions, each agent's counters and held-out
+    figures (before and after; `final` is the last evaluation, which an interrupted run may not have
+    reached), the evaluation history, and what a resume started from."""
+    evaluation, timer, stop = roles["evaluation"], roles["timer"], roles["stop"]
     agents = {}
     for name in module.names:
         agents[name] = {
@@ -137,14 +230,34 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, evaluation: HeldOutEvalC
             **module.counters[name],
             "export": exports.get(name),
         }
+    checkpoints = _newest_checkpoint(Path(cfg.run_dir).resolve())
     return {
+        "status": status,
+        "signal": signal.Signals(stop.signum).name if stop.signum else None,
+        "error": error,
         "algorithm": cfg.algorithm.name,
         "seed": cfg.seed,
         "steps": module.steps_done,
-        "wall_s": round(wall_s, 2),
+        "steps_wanted": cfg.trainer.steps,
+        "started_at": _iso(timer.started_at),
+        "ended_at": _iso(time.time()),
+        "wall_s": round(timer.wall_s, 2),
         "train_s": round(timer.train_s, 2),
         "step_s": round(timer.step_s, 4),
+        "sessions": timer.sessions,
+        "resumed_from": str(resumed_from) if resumed_from else None,
+        "skipped_checkpoints": [str(path) for path, _ in skipped],
+        "resume_changes": {key: list(pair) for key, pair in (changes or {}).items()},
+        "last_checkpoint": str(checkpoints) if checkpoints else None,
         "run_dir": str(Path(cfg.run_dir).resolve()),
         "agents": agents,
         "eval_history": evaluation.history,
     }
+
+
+def _newest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of `run_dir`, or None."""
+    try:
+        return latest_checkpoint(run_dir)
+    except FileNotFoundError:
+        return None

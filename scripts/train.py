@@ -13,16 +13,19 @@ the resolved config in the run directory, trains, exports each agent and prints 
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hacrl_lightning.cli import compose_config, parse_cli, save_resolved
+from hacrl_lightning.cli import compose_config, parse_cli
 from hacrl_lightning.errors import ConfigError
 
 
 def main(argv: list[str]) -> int:
+    started = time.time()
     overrides, show = parse_cli(argv)
     try:
         cfg, dcfg = compose_config(overrides, preflight=not show)  # files and tokenizers too, before any model
@@ -33,29 +36,35 @@ def main(argv: list[str]) -> int:
         print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
         return 0
     # imported once the config is good, so a bad one is reported without loading Lightning and the models' code
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
     from hacrl_lightning.agents.agent import AgentLoadError
-    from hacrl_lightning.callbacks.checkpoint import latest_checkpoint, run_dir_of
+    from hacrl_lightning.callbacks.interrupt import RunInterrupted
     from hacrl_lightning.module import NonFiniteError
     from hacrl_lightning.training import train
 
-    if cfg.resume:  # continue in the run directory of the checkpoint
-        cfg.run_dir = str(run_dir_of(latest_checkpoint(cfg.resume)))
-    run_dir = Path(cfg.run_dir).resolve()
-    save_resolved(dcfg, run_dir, name="config.resumed.yaml" if cfg.resume else "config.yaml")
-    print(f"run directory: {run_dir}")
+    print(f"run directory: {Path(cfg.run_dir).resolve()}")
     print(f"agents: {', '.join(cfg.agents)} | algorithm: {cfg.algorithm.name} | steps: {cfg.trainer.steps}")
     try:
-        summary = train(cfg)
-    except (AgentLoadError, FileNotFoundError, KeyError, ValueError) as err:
+        summary = train(cfg, started=started, config_yaml=OmegaConf.to_yaml(dcfg, resolve=True))
+    except (ConfigError, AgentLoadError, FileNotFoundError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except NonFiniteError as err:  # a numerical fault, not a crash: the checkpoints are intact
         print(f"error: {err}", file=sys.stderr)
         return 1
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    if rank_zero_only.rank == 0:  # one table, not one per data-parallel rank
-        print_summary(summary)
+    except RunInterrupted as err:
+        print(f"{err}: stopped before training started; nothing was written", file=sys.stderr)
+        return 128 + err.signum
+    if rank_zero_only.rank != 0:  # one report, not one per data-parallel rank
+        return 0
+    if summary["status"] == "interrupted":
+        again = [o for o in overrides if not o.startswith(("resume=", "overwrite="))] + [f"resume={summary['run_dir']}"]
+        print(f"interrupted ({summary['signal'] or 'stopped'}) after step {summary['steps']} of "
+              f"{summary['steps_wanted']}; newest checkpoint: {summary['last_checkpoint']}\n"
+              f"continue with: python scripts/train.py {' '.join(again)}", file=sys.stderr)
+        return 128 + signal.Signals[summary["signal"]].value if summary["signal"] else 1
+    print_summary(summary)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Checkpoints every N training steps, written atomically, and the lookup of the newest one for resume.
+"""Checkpoints: on a cadence, at the last step and when a run stops early; written atomically; the
+newest intact one found for resume.
 
 A checkpoint is Lightning's full training state (every agent, every optimizer and LR schedule,
 callback states such as the capability window, the data position, loop counters). It is written
@@ -7,6 +8,12 @@ when complete (then the directory entry is fsynced too), so a process killed mid
 previous checkpoints untouched and `latest_checkpoint` never returns a partial one; a stale
 `.partial` is removed by the next save of that step. Budgets count training steps, not
 Lightning's `global_step`.
+
+`StepCheckpoint` saves every `every` steps, whenever `minutes` have passed since the last save (the
+default cadence: a crash costs minutes, not the run), after the last step (still inside the step, so
+a larger `trainer.steps` can extend the run on resume), and after the step at which the run was told
+to stop (`trainer.should_stop`: a signal, see `interrupt.py`). `resume_checkpoint` returns the newest
+checkpoint that loads, naming the ones it skipped (a file cut short by a full disk or a bad copy).
 
 Test hook: with `HACRL_CRASH_IN_CHECKPOINT=<step>` in the environment, the process cuts the temporary
 file of that step's checkpoint to half its size and kills itself with SIGKILL, before the rename:
@@ -19,9 +26,13 @@ import os
 import re
 import shutil
 import signal
+import time
 from pathlib import Path
 
+import torch
 from lightning.pytorch import Callback
+
+from hacrl_lightning.run_dir import run_dir_of  # noqa: F401  (part of this module's face: resume lookups)
 
 CHECKPOINT_RE = re.compile(r"^step_(\d+)\.ckpt$")
 CRASH_ENV = "HACRL_CRASH_IN_CHECKPOINT"
@@ -86,52 +97,110 @@ def _crash_hook(partial: Path) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def latest_checkpoint(location: str | os.PathLike) -> Path:
-    """A checkpoint file/dir as given, or the newest complete `step_*.ckpt` in a run dir or its checkpoints/."""
+def _checkpoints(directory: Path) -> list[Path]:
+    """The complete `step_*.ckpt` in `directory`, oldest first."""
+    return sorted((p for p in directory.glob("step_*.ckpt") if CHECKPOINT_RE.match(p.name)),
+                  key=lambda p: int(CHECKPOINT_RE.match(p.name).group(1)))
+
+
+def candidates(location: str | os.PathLike) -> list[Path]:
+    """A checkpoint file/dir as given, or the complete `step_*.ckpt` of a run dir (or its checkpoints/), newest first."""
     location = Path(location)
     if CHECKPOINT_RE.match(location.name) or location.suffix == ".ckpt":
         if not location.exists():
             raise FileNotFoundError(f"resume={str(location)!r}: no such checkpoint")
-        return location
+        return [location]
     for directory in (location / "checkpoints", location):
-        found = sorted((p for p in directory.glob("step_*.ckpt") if CHECKPOINT_RE.match(p.name)),
-                       key=lambda p: int(CHECKPOINT_RE.match(p.name).group(1)))
+        found = _checkpoints(directory)
         if found:
-            return found[-1]
+            return found[::-1]
     raise FileNotFoundError(f"resume={str(location)!r}: no complete checkpoint (step_*.ckpt) in it or in its "
                             "checkpoints/ folder; give a run directory that saved one, or a .ckpt path")
 
 
-def run_dir_of(checkpoint: Path) -> Path:
-    """The run directory a checkpoint belongs to (`<run>/checkpoints/step_*.ckpt` -> `<run>`)."""
-    parent = checkpoint.resolve().parent
-    return parent.parent if parent.name == "checkpoints" else parent
+def latest_checkpoint(location: str | os.PathLike) -> Path:
+    """A checkpoint file/dir as given, or the newest complete `step_*.ckpt` in a run dir or its checkpoints/."""
+    return candidates(location)[0]
+
+
+def damage(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be loaded (None: it loads). Reads the file's index and maps its
+    tensors without copying them (a distributed checkpoint: its metadata and the size of every shard)."""
+    try:
+        if path.is_dir():
+            from torch.distributed.checkpoint import FileSystemReader
+
+            metadata = FileSystemReader(str(path)).read_metadata()
+            for info in metadata.storage_data.values():
+                shard = path / info.relative_path
+                if not shard.is_file() or shard.stat().st_size < info.offset + info.length:
+                    return f"shard {info.relative_path} is missing or cut short"
+            if (path / "meta.pt").exists():
+                torch.load(path / "meta.pt", map_location="cpu", weights_only=False)
+        else:
+            torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as err:  # noqa: BLE001 - any failure to load is damage, named in the message
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".strip()
+    return None
+
+
+def resume_checkpoint(location: str | os.PathLike) -> tuple[Path, list[tuple[Path, str]]]:
+    """The newest checkpoint at `location` that loads, and the newer ones skipped with the reason.
+    Raises FileNotFoundError when there is none (every one damaged)."""
+    skipped = []
+    for path in candidates(location):
+        reason = damage(path)
+        if reason is None:
+            return path, skipped
+        skipped.append((path, reason))
+    raise FileNotFoundError(f"resume={str(location)!r}: no checkpoint there loads ("
+                            + "; ".join(f"{p.name}: {r}" for p, r in skipped) + ")")
 
 
 class StepCheckpoint(Callback):
-    """Save every `every` training steps (0: only at the end) into `directory`, keeping the newest `keep`."""
+    """Save into `directory` every `every` steps (0: off), every `minutes` of wall time (0: off), after
+    step `steps` (the last) and after the step at which the run was told to stop; keep the newest `keep`."""
 
-    def __init__(self, directory: str | os.PathLike, *, every: int, keep: int = 3):
+    def __init__(self, directory: str | os.PathLike, *, every: int, steps: int, minutes: float = 0.0, keep: int = 3):
         self.directory = Path(directory)
-        self.every = every
-        self.keep = keep
+        self.every, self.steps, self.minutes, self.keep = every, steps, minutes, keep
+        self._saved_step: int | None = None
+        self._last_save = time.monotonic()
 
     def _save(self, trainer, pl_module) -> None:
         step = pl_module.steps_done
-        path = checkpoint_path(self.directory, step)
-        if path.exists():
+        if step == self._saved_step:
             return
+        path = checkpoint_path(self.directory, step)
         if trainer.is_global_zero:
             self.directory.mkdir(parents=True, exist_ok=True)
-        save_atomically(trainer, path)
+        save_atomically(trainer, path)  # replaces a damaged file of this step left by an earlier session
+        self._saved_step, self._last_save = step, time.monotonic()
         if trainer.is_global_zero:
-            old = sorted(p for p in self.directory.glob("step_*.ckpt") if CHECKPOINT_RE.match(p.name))
+            old = _checkpoints(self.directory)
             for stale in old[: max(0, len(old) - self.keep)]:
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
 
+    def _time_is_up(self, trainer) -> bool:
+        """Rank zero's clock decides, so all ranks save together (the save is a collective)."""
+        if not self.minutes:
+            return False
+        due = trainer.is_global_zero and time.monotonic() - self._last_save >= 60 * self.minutes
+        return bool(trainer.strategy.broadcast(due, src=0))
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.every and pl_module.steps_done % self.every == 0:
+        step = pl_module.steps_done
+        if ((self.every and step % self.every == 0) or step >= self.steps or trainer.should_stop
+                or self._time_is_up(trainer)):
             self._save(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._save(trainer, pl_module)
+        if not checkpoint_path(self.directory, pl_module.steps_done).exists():  # e.g. a resume that trained nothing
+            self._save(trainer, pl_module)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        """A checkpoint written after a run's last step carries Lightning's "the loader is exhausted" flag,
+        which would end a resumed run with a larger `trainer.steps` at once; clear it when steps remain."""
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+        if progress is not None and checkpoint["hacrl"]["steps_done"] < self.steps:
+            progress["is_last_batch"] = False

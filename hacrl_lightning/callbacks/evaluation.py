@@ -44,7 +44,8 @@ class HeldOutEvalCallback(Callback):
             self._evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._evaluate(trainer, pl_module)
+        if not trainer.should_stop:  # a run stopped early (a signal) ends now, not after another evaluation
+            self._evaluate(trainer, pl_module)
 
     @property
     def initial(self) -> dict[str, dict[str, float]]:

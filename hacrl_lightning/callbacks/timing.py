@@ -1,10 +1,12 @@
-"""Step timer: wall time spent in training steps (rollout through update), apart from evaluation.
+"""The run's clocks: wall time in training steps (rollout through update) apart from evaluation, and
+the run's whole wall time across sessions (start-up included; a resumed run adds the time of the
+sessions before, up to their checkpoint), with the run's first start.
 
 Held-out evaluation runs inside `on_train_batch_end` callbacks, so a step's wall time measured
 from `on_train_batch_start` to the *start* of the evaluation would need ordering guarantees;
 instead this callback is placed before the evaluation callback and stops its clock at
 `on_train_batch_end`, which Lightning calls on callbacks in list order. Its state is checkpointed,
-so the total survives a resume. Deliberately not here: per-phase timings (the module logs
+so the totals survive a resume. Deliberately not here: per-phase timings (the module logs
 `time/*` per step) and evaluation time (`HeldOutEvalCallback.eval_s`).
 """
 
@@ -17,10 +19,22 @@ from lightning.pytorch import Callback
 
 
 class StepTimer(Callback):
-    def __init__(self) -> None:
+    def __init__(self, *, started: float | None = None) -> None:
+        """`started`: when this session began (epoch seconds; default now), e.g. the process start."""
         self.train_s = 0.0
         self.steps = 0
         self._start: float | None = None
+        self.session_start = time.time() if started is None else started
+        self.started_at = self.session_start
+        """When the run's first session began (epoch seconds)."""
+        self.earlier_wall_s = 0.0
+        """Wall seconds of the sessions before this one, up to the checkpoint this one resumed."""
+        self.sessions = 1
+
+    @property
+    def wall_s(self) -> float:
+        """The run's wall seconds so far, start-up included, over all its sessions."""
+        return self.earlier_wall_s + time.time() - self.session_start
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._start = time.perf_counter()
@@ -37,8 +51,12 @@ class StepTimer(Callback):
         return self.train_s / self.steps if self.steps else 0.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"train_s": self.train_s, "steps": self.steps}
+        return {"train_s": self.train_s, "steps": self.steps, "wall_s": self.wall_s, "started_at": self.started_at,
+                "sessions": self.sessions}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.train_s = float(state_dict["train_s"])
         self.steps = int(state_dict["steps"])
+        self.earlier_wall_s = float(state_dict.get("wall_s", 0.0))  # checkpoints from before these fields: 0
+        self.started_at = float(state_dict.get("started_at", self.session_start))
+        self.sessions = int(state_dict.get("sessions", 1)) + 1

@@ -1,0 +1,263 @@
+"""A run is never lost and never mixed (issue 18): signals, run directories, resume, fork, damaged checkpoints.
+
+Signals are sent to a real `scripts/train.py` process; second runs into one directory, locks held by a
+real second process, truncated checkpoints and resumes are real runs on the tiny zoo agents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
+from hacrl_lightning.cli import compose_config
+from hacrl_lightning.config import TrainConfig
+from hacrl_lightning.errors import ConfigError
+from hacrl_lightning.resume import config_dict, resume_changes
+from hacrl_lightning.run_dir import LOCK_NAME
+from hacrl_lightning.training import train
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["agents=[tiny_a,tiny_b]", "data.prompts_per_step=4", "trainer.mini_batch_prompts=2", "rollout.group_size=2",
+         "trainer.eval_every=0", "data.eval_size=4", "trainer.export_agents=false", "trainer.micro_batch_size=8"]
+UPDATES_PER_STEP = 4  # 16 responses per learner in mini-batches of 4 (2 prompts x G)
+
+
+def config(run_dir: Path, zoo_cache: Path, *overrides: str) -> TrainConfig:
+    cfg, _ = compose_config([*SMALL, f"zoo_cache={zoo_cache}", f"run_dir={run_dir}", *overrides])
+    return cfg
+
+
+def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `directory` with its size and modification time (ns): what a run must not touch."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+
+
+# --- signals -----------------------------------------------------------------------------------------
+
+
+def start_script(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(proc: subprocess.Popen, text: str, seen: list[str]) -> None:
+    """Read the process's output until a line contains `text` (the lines go to `seen`)."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError("the process ended before printing " + repr(text) + ":\n" + "".join(seen[-30:]))
+        seen.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"no {text!r} within 240 s")
+
+
+@pytest.mark.parametrize("signum,times,code", [(signal.SIGTERM, 1, 143), (signal.SIGINT, 1, 130), (signal.SIGINT, 2, 130)],
+                         ids=["sigterm", "sigint", "sigint_twice"])
+def test_a_signal_stops_the_run_with_a_checkpoint_an_interrupted_summary_and_128_plus_the_signal(
+        tmp_path, zoo_cache, signum, times, code):
+    run = tmp_path / "run"
+    proc = start_script([*SMALL, "trainer.steps=50", f"zoo_cache={zoo_cache}", f"run_dir={run}"])
+    seen: list[str] = []
+    wait_for(proc, "eval step 0", seen)  # the initial evaluation is done: step 1 is under way
+    for _ in range(times):
+        proc.send_signal(signum)
+        time.sleep(0.05)
+    out, _ = proc.communicate(timeout=240)
+    output = "".join(seen) + out
+    assert proc.returncode == code, output[-3000:]
+    assert "Traceback" not in output
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == signal.Signals(signum).name
+    assert summary["steps_wanted"] == 50 and summary["steps"] < 50
+    if times == 1:  # the step under way when the signal came is finished and saved
+        assert summary["steps"] >= 1
+        assert summary["last_checkpoint"] == str(run / "checkpoints" / f"step_{summary['steps']:07d}.ckpt")
+        assert torch.load(summary["last_checkpoint"], weights_only=False)["hacrl"]["steps_done"] == summary["steps"]
+        assert f"resume={run}" in output
+    else:  # a second signal stops at once, mid-step: nothing newer than the last periodic checkpoint (none here)
+        assert summary["last_checkpoint"] is None
+    assert not (run / LOCK_NAME).exists()
+
+
+def test_an_interrupted_run_resumes_to_the_end_and_its_clocks_add_up(tmp_path, zoo_cache):
+    run = tmp_path / "run"
+    proc = start_script([*SMALL, "trainer.steps=3", f"zoo_cache={zoo_cache}", f"run_dir={run}"])
+    seen: list[str] = []
+    wait_for(proc, "eval step 0", seen)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=240)
+    assert proc.returncode == 143
+    first = json.loads((run / "summary.json").read_text())
+
+    summary = train(config(run, zoo_cache, "trainer.steps=3", f"resume={run}"))
+    assert summary["status"] == "completed" and summary["steps"] == 3
+    assert summary["resumed_from"] == first["last_checkpoint"]
+    assert summary["agents"]["tiny_a"]["optimizer_updates"] == 3 * UPDATES_PER_STEP
+    assert summary["sessions"] == 2 and summary["started_at"] == first["started_at"]
+    assert summary["wall_s"] >= summary["train_s"] > first["train_s"]
+    assert summary["wall_s"] > first["wall_s"] - 1e-6  # the first session's time is counted (to its checkpoint)
+    assert summary["ended_at"] >= first["ended_at"]
+
+
+# --- run directories ----------------------------------------------------------------------------------
+
+
+def test_a_second_run_into_a_run_directory_is_refused_and_overwrite_replaces_it(tmp_path, zoo_cache, script_main,
+                                                                                 capsys):
+    run = tmp_path / "run"
+    train(config(run, zoo_cache, "trainer.steps=1"))
+    before = snapshot(run)
+    assert "config.json" in before and "checkpoints/step_0000001.ckpt" in before
+
+    args = [*SMALL, "agents=[tiny_a,tiny_c]", "trainer.steps=1", f"zoo_cache={zoo_cache}", f"run_dir={run}"]
+    assert script_main("train")(args) == 2
+    err = capsys.readouterr().err
+    assert "run_dir" in err and "already holds a run" in err and f"resume={run}" in err and "overwrite=true" in err
+    assert snapshot(run) == before  # nothing read, nothing written
+
+    assert script_main("train")([*args, "overwrite=true"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert list(summary["agents"]) == ["tiny_a", "tiny_c"]
+    assert json.loads((run / "config.json").read_text())["agents"].keys() == {"tiny_a", "tiny_c"}
+    keys = weights(run / "checkpoints" / "step_0000001.ckpt").keys()  # the first run's checkpoint is gone
+    assert any("tiny_c" in key for key in keys) and not any("tiny_b" in key for key in keys)
+
+
+def test_overwrite_only_clears_a_directory_that_holds_a_run(tmp_path, zoo_cache):
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="holds other files"):
+        train(config(own, zoo_cache, "trainer.steps=1", "overwrite=true"))
+    assert (own / "notes.txt").read_text() == "keep me"
+
+
+def test_a_run_directory_in_use_by_another_process_is_refused(tmp_path, zoo_cache):
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from hacrl_lightning.run_dir import claim_run_dir\n"
+        f"claim = claim_run_dir({str(run)!r}, resuming=False, overwrite=False)\n"
+        "print('held', flush=True); time.sleep(120)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=f"in use by pid {holder.pid}"):
+            train(config(run, zoo_cache, "trainer.steps=1"))
+    finally:
+        holder.kill()
+        holder.wait()
+    summary = train(config(run, zoo_cache, "trainer.steps=1"))  # the lock died with its holder
+    assert summary["status"] == "completed"
+
+
+def test_a_failure_before_training_leaves_no_run_directory(tmp_path, zoo_cache):
+    """A model directory that passes the preflight (config.json, tokenizer) but holds no weights."""
+    from hacrl_lightning.agents.zoo import ensure_built
+
+    source = ensure_built("tiny_a", cache_dir=zoo_cache)
+    broken = tmp_path / "no_weights"
+    broken.mkdir()
+    for file in Path(source).iterdir():
+        if file.is_file() and not file.name.endswith((".safetensors", ".bin")):
+            (broken / file.name).write_bytes(file.read_bytes())
+    run = tmp_path / "run"
+    cfg = config(run, zoo_cache, "trainer.steps=1", f"agents.tiny_a.model={broken}")
+    with pytest.raises(Exception):
+        train(cfg)
+    assert not run.exists()
+
+
+# --- resume: what may change ------------------------------------------------------------------------
+
+
+def test_resume_changes_refuse_what_alters_the_run_and_record_the_rest(zoo_cache, tmp_path):
+    saved = config_dict(config(tmp_path, zoo_cache, "trainer.steps=4"))
+    same = config(tmp_path, zoo_cache, "trainer.steps=4", "trainer.eval_every=2", "trainer.log_every=3",
+                  "data.reward_workers=1", f"resume={tmp_path}")
+    problems, changes = resume_changes(saved, same, at_step=2, completed=False)
+    assert problems == []
+    assert changes == {"trainer.eval_every": (0, 2), "trainer.log_every": (1, 3), "data.reward_workers": (0, 1)}
+
+    altered = config(tmp_path, zoo_cache, "trainer.steps=4", "rollout.group_size=4", "agents.tiny_b.lr=1e-4",
+                     "algorithm=gspo_x2", "data.prompts_per_step=8")
+    problems, _ = resume_changes(saved, altered, at_step=2, completed=False)
+    keys = {problem.key for problem in problems}
+    assert {"rollout.group_size", "agents.tiny_b.lr", "algorithm.name", "data.prompts_per_step"} <= keys
+    assert all(p.fix.startswith(f"resume with {p.key}=") for p in problems if p.key == "rollout.group_size")
+
+    other_agents = config(tmp_path, zoo_cache, "trainer.steps=4", "agents=[tiny_a,tiny_c]")
+    problems, _ = resume_changes(saved, other_agents, at_step=2, completed=False)
+    assert [p.key for p in problems] == ["agents"]  # one problem for the set, not one per field
+
+    problems, _ = resume_changes(saved, config(tmp_path, zoo_cache, "trainer.steps=1"), at_step=2, completed=False)
+    assert [p.key for p in problems] == ["trainer.steps"]
+    problems, _ = resume_changes(saved, config(tmp_path, zoo_cache, "trainer.steps=4"), at_step=4, completed=True)
+    assert [p.key for p in problems] == ["trainer.steps"] and "extend" in problems[0].allowed
+    problems, _ = resume_changes(saved, config(tmp_path, zoo_cache, "trainer.steps=6"), at_step=4, completed=True)
+    assert problems == []
+
+
+def test_a_larger_trainer_steps_extends_a_finished_run_exactly(tmp_path, zoo_cache):
+    straight = train(config(tmp_path / "straight", zoo_cache, "trainer.steps=3"))
+    run = tmp_path / "run"
+    train(config(run, zoo_cache, "trainer.steps=2"))
+    with pytest.raises(ConfigError, match="trainer.steps"):  # the run has finished: nothing to do
+        train(config(run, zoo_cache, "trainer.steps=2", f"resume={run}"))
+    with pytest.raises(ConfigError, match="rollout.group_size"):
+        train(config(run, zoo_cache, "trainer.steps=3", "rollout.group_size=4", f"resume={run}"))
+    extended = train(config(run, zoo_cache, "trainer.steps=3", "trainer.eval_every=3", f"resume={run}"))
+    assert extended["status"] == "completed" and extended["steps"] == 3
+    assert extended["resume_changes"] == {"trainer.steps": [2, 3], "trainer.eval_every": [0, 3]}
+    for name in ("tiny_a", "tiny_b"):
+        assert extended["agents"][name]["optimizer_updates"] == straight["agents"][name]["optimizer_updates"]
+    want, got = weights(latest_checkpoint(tmp_path / "straight" / "run")), weights(latest_checkpoint(run))
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_resume_from_another_runs_checkpoint_forks_and_never_writes_into_that_run(tmp_path, zoo_cache):
+    source = tmp_path / "source"
+    train(config(source, zoo_cache, "trainer.steps=2", "trainer.checkpoint_every=1"))
+    before = snapshot(source)
+    fork = tmp_path / "fork"
+    summary = train(config(fork, zoo_cache, "trainer.steps=3", f"resume={source / 'checkpoints' / 'step_0000001.ckpt'}"))
+    assert snapshot(source) == before
+    assert summary["steps"] == 3 and summary["resumed_from"].endswith("source/checkpoints/step_0000001.ckpt")
+    assert sorted(p.name for p in (fork / "checkpoints").iterdir()) == ["step_0000003.ckpt"]
+    assert (fork / "config.json").is_file() and (fork / "summary.json").is_file()
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_message_and_replaced(tmp_path, zoo_cache, capsys):
+    run = tmp_path / "run"
+    # the minutes cadence (here a few milliseconds) checkpoints after every step without checkpoint_every
+    first = train(config(run, zoo_cache, "trainer.steps=2", "trainer.checkpoint_minutes=0.0001"))
+    assert first["status"] == "completed"
+    newest = run / "checkpoints" / "step_0000002.ckpt"
+    assert sorted(p.name for p in newest.parent.iterdir()) == ["step_0000001.ckpt", "step_0000002.ckpt"]
+    os.truncate(newest, newest.stat().st_size // 2)  # a full disk or a bad copy, after the rename
+
+    summary = train(config(run, zoo_cache, "trainer.steps=3", f"resume={run}"))
+    err = capsys.readouterr().err
+    assert f"{newest} does not load" in err and "step_0000001.ckpt instead" in err
+    assert summary["resumed_from"].endswith("step_0000001.ckpt")
+    assert summary["skipped_checkpoints"] == [str(newest)]
+    assert summary["steps"] == 3 and summary["agents"]["tiny_a"]["optimizer_updates"] == 3 * UPDATES_PER_STEP
+    assert torch.load(newest, weights_only=False)["hacrl"]["steps_done"] == 2  # written again, whole
+
+
+def test_the_default_config_checkpoints_on_a_time_cadence():
+    assert TrainConfig().trainer.checkpoint_minutes == 15.0
