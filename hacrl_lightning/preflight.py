@@ -251,13 +251,13 @@ def evaluate_machine_problems(cfg: EvaluateConfig) -> List[Problem]:
 
 def preflight_problems(cfg: TrainConfig) -> List[Problem]:
     """The machine, file-system, hub and tokenizer problems of `cfg` (empty when it is fine). Loads no model weights."""
-    problems = _data_file_problems(cfg.data) + device_problems(cfg) + hub_problems(cfg)
+    problems = _data_file_problems(cfg.data)
+    hub = hub_problems(cfg)
     task_problems: List[Problem] = []
-    if not any(p.key.startswith("data.") for p in problems):  # a task that cannot load its data: said once
-        prompts, answers = _task_sample(cfg.data, task_problems)
-    else:
-        prompts, answers = [], []
-    problems += task_problems
+    no_data = any(p.key.startswith("data.") for p in hub)  # its hub benchmarks are unreachable: said there
+    prompts, answers = ([], []) if no_data else _task_sample(cfg.data, task_problems)
+    problems += [] if problems else task_problems  # a task that cannot load its missing file: said once
+    problems += device_problems(cfg) + hub
     for name, agent_cfg in cfg.agents.items():
         problems += _agent_problems(name, agent_cfg, prompts, answers, zoo_cache=cfg.zoo_cache)
     if cfg.resume:
