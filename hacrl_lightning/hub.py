@@ -44,7 +44,7 @@ def download_command() -> str:
 
 
 def download_hint(repo_id: str, local_dir: str, *, repo_type: str = "model") -> str:
-    """The command line that downloads `repo_id` into `local_dir`, e.g. `hf download Qwen/Qwen3-4B --local-dir /models/x`."""
+    """The command line that downloads `repo_id` into `local_dir` (`hf download Qwen/Qwen3-4B --local-dir /models/x`)."""
     kind = "" if repo_type == "model" else f" --repo-type {repo_type}"
     return f"{download_command()} {repo_id}{kind} --local-dir {local_dir}"
 

@@ -14,12 +14,18 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
 - each agent's tokenizer (cheap to load; a `zoo:` preset is built once and cached): it must have a
   chat template and an EOS token, round-trip the task's texts exactly (HACPO_SPEC §8), fit the
   longest sampled task prompt, in its own chat template, in `max_prompt_len`, and fit the longest
-  sampled answer (plus EOS) in `max_response_len`.
+  sampled answer (plus EOS) in `max_response_len`;
+- what this machine must have (`device_problems`): no more GPUs than it has when the accelerator is
+  gpu/cuda (or auto with devices > 1; CPU ranks with `trainer.accelerator=cpu` are fine), and CUDA
+  plus the `vllm` package for `rollout=vllm`;
+- every hub model (an agent's model or tokenizer) and hub benchmark (a math task without local
+  files) that is neither in the local cache nor reachable, all probed at once and named together
+  with the download command the installed huggingface_hub ships (`hub_problems`, `hub.py`).
 
-`validate_evaluate(cfg)` does the same for `scripts/evaluate.py` (protocol, benchmark, reward and backend names).
-A hub id that is not in the local Hugging Face cache is left to `Agent.load` (it probes the hub and
-says what to do). Deliberately not here: model weights (never loaded), and prompts beyond the
-sample: a rare longer prompt is left-truncated at run time and counted in the
+`validate_evaluate(cfg)` does the same for `scripts/evaluate.py` (protocol, benchmark, reward and
+backend names); `check_evaluate(cfg)` adds its device, vLLM and hub agents and benchmarks
+(`evaluate_machine_problems`). Deliberately not here: model weights (never loaded), and prompts
+beyond the sample: a rare longer prompt is left-truncated at run time and counted in the
 `<agent>/degenerate/prompt_truncated` metric (docs/reliability.md).
 """
 
@@ -34,7 +40,7 @@ from hacrl_lightning.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
 from hacrl_lightning.algorithms.objective import CROSS_LOSSES, RATIO_LEVELS
 from hacrl_lightning.config import AgentConfig, DataConfig, EvaluateConfig, TrainConfig, TrainerConfig, \
     config_problems, evaluate_problems
-from hacrl_lightning.data.benchmarks import BENCHMARKS, SYNTHETIC, BenchmarkLoadError
+from hacrl_lightning.data.benchmarks import BENCHMARKS, SYNTHETIC, BenchmarkLoadError, hub_fix as benchmark_fix
 from hacrl_lightning.data.synthetic import format_answer
 from hacrl_lightning.data.tasks import BENCHMARK_TASKS, load_task, task_names
 from hacrl_lightning.errors import Checks, ConfigError, Problem, suggest
@@ -157,7 +163,8 @@ def _cuda_devices() -> int:
 def _vllm_problem(key: str, *, gpus: int, fix: str) -> Optional[Problem]:
     import importlib.util
 
-    lacks = (["no CUDA GPU"] if gpus == 0 else []) + (["no vllm package"] if importlib.util.find_spec("vllm") is None else [])
+    lacks = ["no CUDA GPU"] if gpus == 0 else []
+    lacks += ["no vllm package"] if importlib.util.find_spec("vllm") is None else []
     if not lacks:
         return None
     return Problem(key, "vllm", "vllm on a machine with a CUDA GPU and the vllm package (pip install -e '.[vllm]')",
@@ -186,12 +193,11 @@ def device_problems(cfg: TrainConfig) -> List[Problem]:
     return problems
 
 
-def _hub_model_problems(wanted: List[tuple[str, str, Optional[str], str]],
+def _hub_missing(wanted: List[tuple[str, str, Optional[str], str]],
                         benchmarks: List[tuple[str, str]]) -> List[Problem]:
     """wanted: (key, hub id, revision, the override that points at a local copy); benchmarks: (key,
     benchmark name). One Problem for each that is neither cached nor reachable, all probed at once."""
     from hacrl_lightning.agents.sources import hub_fix
-    from hacrl_lightning.data.benchmarks import hub_fix as benchmark_fix
 
     repos = [(repo, "model", revision) for _, repo, revision, _ in wanted]
     repos += [(BENCHMARKS[name].hub_id, "dataset", None) for _, name in benchmarks]
@@ -203,10 +209,11 @@ def _hub_model_problems(wanted: List[tuple[str, str, Optional[str], str]],
             problems.append(Problem(key, repo, "a model in the local Hugging Face cache or on a reachable hub, "
                                     "or a local directory", f"{why}; {hub_fix(repo, setting)}"))
     for key, name in benchmarks:
-        why = missing.get((BENCHMARKS[name].hub_id, "dataset", None))
+        spec = BENCHMARKS[name]
+        why = missing.get((spec.hub_id, "dataset", None))
         if why:
-            problems.append(Problem(key, f"benchmark {name} ({BENCHMARKS[name].hub_id})",
-                                    "local files, or a benchmark on a reachable hub", f"{why}; {benchmark_fix(BENCHMARKS[name])}"))
+            problems.append(Problem(key, f"benchmark {name} ({spec.hub_id})", "local files, or a benchmark on a "
+                                    "reachable hub", f"{why}; {benchmark_fix(spec)}"))
     return problems
 
 
@@ -227,7 +234,7 @@ def hub_problems(cfg: TrainConfig) -> List[Problem]:
         train, held_out = BENCHMARK_TASKS[cfg.data.name]
         benchmarks = [(f"data.{key}", bench) for key, bench in (("train_files", train), ("eval_files", held_out))
                       if not getattr(cfg.data, key)]
-    return _hub_model_problems(wanted, benchmarks)
+    return _hub_missing(wanted, benchmarks)
 
 
 def evaluate_machine_problems(cfg: EvaluateConfig) -> List[Problem]:
@@ -246,7 +253,7 @@ def evaluate_machine_problems(cfg: EvaluateConfig) -> List[Problem]:
               if is_hub_id(entry)]
     benchmarks = [(f"files.{name}", name) for name in cfg.benchmarks
                   if name in BENCHMARKS and name != SYNTHETIC and not cfg.files.get(name)]
-    return problems + _hub_model_problems(wanted, benchmarks)
+    return problems + _hub_missing(wanted, benchmarks)
 
 
 def preflight_problems(cfg: TrainConfig) -> List[Problem]:
