@@ -37,7 +37,7 @@ from omegaconf.errors import OmegaConfBaseException
 import hacrl_lightning.config as schema
 from hacrl_lightning.config import AgentConfig, EvaluateConfig, TrainConfig
 from hacrl_lightning.errors import UNKNOWN_KEY, ConfigError, Problem, suggest
-from hacrl_lightning.preflight import check_run, pure_problems, validate, validate_evaluate
+from hacrl_lightning.preflight import check_evaluate, check_run, pure_problems, validate, validate_evaluate
 from hacrl_lightning.presets import composition_problems, resolve_algorithm
 from hacrl_lightning.run_dir import resume_run_dir
 
@@ -223,9 +223,10 @@ def compose_config(overrides: Sequence[str] = (), *, preflight: bool = False) ->
     return to_train_config(dcfg, preflight=preflight, overrides=overrides), dcfg
 
 
-def compose_evaluate(overrides: Sequence[str] = ()) -> tuple[EvaluateConfig, DictConfig]:
+def compose_evaluate(overrides: Sequence[str] = (), *, preflight: bool = False) -> tuple[EvaluateConfig, DictConfig]:
     """Overrides -> (validated EvaluateConfig, its DictConfig), from `configs/evaluate/evaluate.yaml`;
-    raises ConfigError listing every problem."""
+    raises ConfigError listing every problem. `preflight`: also what this machine must have (the
+    device, vLLM, hub agents and benchmarks; `preflight.check_evaluate`), as scripts/evaluate.py does."""
     # `files` is a free dict: files.<benchmark>=... adds a key (Hydra's `+` prefix, added for the user)
     overrides = [f"+{o}" if o.startswith("files.") else o for o in overrides]
     dcfg = _compose(CONFIG_DIR / EVALUATE_DIR, "evaluate", overrides)
@@ -233,7 +234,7 @@ def compose_evaluate(overrides: Sequence[str] = ()) -> tuple[EvaluateConfig, Dic
         cfg = OmegaConf.to_object(dcfg)
     except OmegaConfBaseException as err:
         raise ConfigError([_problem_from_exception(err)]) from None
-    return validate_evaluate(cfg), dcfg
+    return (check_evaluate(cfg) if preflight else validate_evaluate(cfg)), dcfg
 
 
 def save_resolved(dcfg: DictConfig, run_dir: Path, name: str = "config.yaml") -> Path:

@@ -482,7 +482,7 @@ class EvaluateConfig:
     .ckpt files (every agent of the run, with the checkpoint's weights)."""
     benchmarks: List[str] = field(default_factory=list)
     """Names of `hacrl_lightning.data.benchmarks` (the paper's seven: math500, math, gsm8k, aime2025,
-    amc23, minerva, olympiadbench)."""
+    amc23, minerva, olympiadbench; and `synthetic`, the held-out split of the demo's task)."""
     files: Dict[str, Any] = field(default_factory=dict)
     """Local files per benchmark (a path or a list), read instead of the hub: files.math500=/data/test.parquet."""
     protocol: str = "paper"
@@ -500,7 +500,9 @@ class EvaluateConfig:
     dtype: Optional[str] = None
     limit: Optional[int] = None
     """Keep the first `limit` problems of each benchmark (smoke tests); null keeps all."""
-    reward: str = "math_verify"
+    reward: Optional[str] = None
+    """null: each benchmark's own reward, the one its training task uses (math_verify; exact_match on
+    `synthetic`); a name scores every benchmark with that reward."""
     reward_workers: int = 2
     """Processes scoring answers (hard per-answer timeout, crash isolation); 0 scores in this process."""
     reward_timeout_s: float = 5.0

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from hacrl_lightning.agents.agent import AGENT_FILE, Agent, AgentLoadError
+from hacrl_lightning.agents.sources import resolve_source
 from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pass_at_k
 from hacrl_lightning.config import AgentConfig, TrainConfig
 from hacrl_lightning.data.benchmarks import get_benchmark
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 PROTOCOLS = ("paper", "custom")
+ZOO_PREFIX = "zoo:"
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def answer_rewards(agent: Agent, engine: RolloutEngine, examples: Sequence[Examp
 
 
 def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequence[Example]],
-                    plans: Sequence[EvalPlan], *, score: BatchScorer,
+                    plans: Sequence[EvalPlan], *, score: BatchScorer | Mapping[str, BatchScorer],
                     engines: Mapping[str, RolloutEngine], temperature: float | None = None, seed: int = 0,
                     protocol: str = "paper", sources: Mapping[str, str] | None = None,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -127,7 +129,7 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
 
     `results["agents"][agent]["scores"][benchmark]` holds avg@n, pass@k, the headline score and
     each problem's count of correct answers; `["average"]` is the mean headline score (the
-    paper's AVG column).
+    paper's AVG column). `score` is one scorer, or one per benchmark (each benchmark's own reward).
     """
     results: dict[str, Any] = {
         "protocol": protocol,
@@ -141,7 +143,8 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
         for b, plan in enumerate(plans):
             examples = list(benchmarks[plan.benchmark])
             rewards = answer_rewards(agent, engines[name], examples, samples=plan.samples, temperature=temperature,
-                                     seed=seed + 1000 * j + b, score=score)                    # [P, n]
+                                     seed=seed + 1000 * j + b,
+                                     score=score[plan.benchmark] if isinstance(score, Mapping) else score)  # [P, n]
             scores = score_correct(rewards, plan.pass_k)
             rows[plan.benchmark] = {
                 **scores, "headline": scores[plan.headline],
@@ -271,8 +274,9 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
                      ) -> tuple[dict[str, Agent], dict[str, str]]:
     """Agents to evaluate, and where each came from. An entry is an exported agent dir or any
     standalone HF dir, a run dir or `.ckpt` (all of the run's agents, with the newest checkpoint's
-    weights; a run dir without checkpoints gives its exports), or a hub id. `adjust` edits each
-    AgentConfig (length and dtype overrides).
+    weights; a run dir without checkpoints gives its exports), `zoo:<preset>` (its built directory,
+    with the lengths and template settings the zoo saved there: the preset's), or a hub id. `adjust`
+    edits each AgentConfig (length and dtype overrides).
 
     Tokenizers are not checked for lossless round trips here: evaluation never retokenizes.
     """
@@ -285,6 +289,8 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
                 key = _unique(name, agents)
                 agents[key], sources[key] = agent, f"checkpoint {path}"
             continue
+        if entry.startswith(ZOO_PREFIX):  # as the zoo built it: its saved settings are the training's
+            path = Path(resolve_source(entry, entry, key="agents", zoo_cache=zoo_cache))
         if path.is_dir() and (path / "config.json").exists():
             directories = [path]
         elif path.is_dir():
@@ -307,7 +313,7 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
             name, cfg = export_config(directory)
             key = _unique((name or directory.name).replace(".", "_"), agents)
             agents[key] = Agent.load(key, adjust(cfg), zoo_cache=zoo_cache, check_texts=())
-            sources[key] = str(directory)
+            sources[key] = entry if entry.startswith(ZOO_PREFIX) else str(directory)
     return agents, sources
 
 

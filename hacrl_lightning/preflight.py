@@ -14,12 +14,18 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
 - each agent's tokenizer (cheap to load; a `zoo:` preset is built once and cached): it must have a
   chat template and an EOS token, round-trip the task's texts exactly (HACPO_SPEC §8), fit the
   longest sampled task prompt, in its own chat template, in `max_prompt_len`, and fit the longest
-  sampled answer (plus EOS) in `max_response_len`.
+  sampled answer (plus EOS) in `max_response_len`;
+- what this machine must have (`device_problems`): no more GPUs than it has when the accelerator is
+  gpu/cuda (or auto with devices > 1; CPU ranks with `trainer.accelerator=cpu` are fine), and CUDA
+  plus the `vllm` package for `rollout=vllm`;
+- every hub model (an agent's model or tokenizer) and hub benchmark (a math task without local
+  files) that is neither in the local cache nor reachable, all probed at once and named together
+  with the download command the installed huggingface_hub ships (`hub_problems`, `hub.py`).
 
-`validate_evaluate(cfg)` does the same for `scripts/evaluate.py` (protocol, benchmark, reward and backend names).
-A hub id that is not in the local Hugging Face cache is left to `Agent.load` (it probes the hub and
-says what to do). Deliberately not here: model weights (never loaded), and prompts beyond the
-sample: a rare longer prompt is left-truncated at run time and counted in the
+`validate_evaluate(cfg)` does the same for `scripts/evaluate.py` (protocol, benchmark, reward and
+backend names); `check_evaluate(cfg)` adds its device, vLLM and hub agents and benchmarks
+(`evaluate_machine_problems`). Deliberately not here: model weights (never loaded), and prompts
+beyond the sample: a rare longer prompt is left-truncated at run time and counted in the
 `<agent>/degenerate/prompt_truncated` metric (docs/reliability.md).
 """
 
@@ -32,12 +38,13 @@ from typing import Any, List, Optional, Sequence
 from hacrl_lightning.algorithms.advantages import ADVANTAGES
 from hacrl_lightning.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
 from hacrl_lightning.algorithms.objective import CROSS_LOSSES, RATIO_LEVELS
-from hacrl_lightning.config import AgentConfig, DataConfig, EvaluateConfig, TrainConfig, config_problems, \
-    evaluate_problems
-from hacrl_lightning.data.benchmarks import BENCHMARKS
+from hacrl_lightning.config import AgentConfig, DataConfig, EvaluateConfig, TrainConfig, TrainerConfig, \
+    config_problems, evaluate_problems
+from hacrl_lightning.data.benchmarks import BENCHMARKS, SYNTHETIC, BenchmarkLoadError, hub_fix as benchmark_fix
 from hacrl_lightning.data.synthetic import format_answer
-from hacrl_lightning.data.tasks import load_task, task_names
+from hacrl_lightning.data.tasks import BENCHMARK_TASKS, load_task, task_names
 from hacrl_lightning.errors import Checks, ConfigError, Problem, suggest
+from hacrl_lightning.hub import download_command, missing_from_hub
 from hacrl_lightning.presets import preset_names
 from hacrl_lightning.rewards import reward_names
 from hacrl_lightning.rollout.engine import BACKENDS
@@ -113,8 +120,12 @@ def evaluate_name_problems(cfg: EvaluateConfig) -> List[Problem]:
         if sampled:
             c.bad("temperature", 0, f"> 0 where several answers per problem are drawn ({sampled})",
                   "leave temperature=null (greedy for one answer, each agent's temperature for several)")
-    if cfg.reward not in reward_names():
-        c.bad("reward", cfg.reward, suggest(cfg.reward, reward_names()), "set reward to a registered reward")
+    if cfg.reward is not None and cfg.reward not in reward_names():
+        c.bad("reward", cfg.reward, suggest(cfg.reward, reward_names()),
+              "set reward to a registered reward, or null (each benchmark's own)")
+    if cfg.files.get(SYNTHETIC):
+        c.bad(f"files.{SYNTHETIC}", cfg.files[SYNTHETIC], "no files: the synthetic benchmark is generated",
+              f"drop files.{SYNTHETIC}")
     c.choice("backend", cfg.backend, BACKENDS)
     return c.problems
 
@@ -127,12 +138,133 @@ def validate_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
     return cfg
 
 
+def check_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
+    """`validate_evaluate` plus what this machine must have: the device, vLLM, and every hub model and
+    benchmark it names, in the local cache or reachable (all at once); what `scripts/evaluate.py`
+    runs before it writes or loads anything."""
+    problems = evaluate_problems(cfg) + evaluate_name_problems(cfg)
+    seen = {p.key for p in problems}
+    problems += [p for p in evaluate_machine_problems(cfg) if p.key not in seen]
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------------
+# what this machine has: GPUs, vLLM, the hub (each its own function)
+
+
+def _cuda_devices() -> int:
+    import torch  # loaded only when a GPU is asked for: a CPU config reports without it
+
+    return torch.cuda.device_count()
+
+
+def _vllm_problem(key: str, *, gpus: int, fix: str) -> Optional[Problem]:
+    import importlib.util
+
+    lacks = ["no CUDA GPU"] if gpus == 0 else []
+    lacks += ["no vllm package"] if importlib.util.find_spec("vllm") is None else []
+    if not lacks:
+        return None
+    return Problem(key, "vllm", "vllm on a machine with a CUDA GPU and the vllm package (pip install -e '.[vllm]')",
+                   f"this machine has {' and '.join(lacks)}: use the transformers backend, {fix}")
+
+
+def device_problems(cfg: TrainConfig) -> List[Problem]:
+    """More GPUs than this machine has (`trainer.accelerator` gpu/cuda, or auto with a GPU present),
+    or the vLLM backend without CUDA or the package. CPU ranks (`trainer.accelerator=cpu`) are not
+    counted: the tests rehearse the sharded path on two gloo CPU ranks."""
+    tr: TrainerConfig = cfg.trainer
+    gpu_asked = tr.accelerator in ("gpu", "cuda") or (tr.accelerator == "auto" and tr.devices > 1)
+    if not gpu_asked and cfg.rollout.backend != "vllm":
+        return []
+    gpus = _cuda_devices()
+    problems = []
+    if tr.accelerator in ("gpu", "cuda") and gpus == 0:
+        problems.append(Problem("trainer.accelerator", tr.accelerator, "cpu or auto (this machine has no CUDA GPU)",
+                                "rehearse the same sharded path on CPU ranks: trainer.accelerator=cpu "
+                                "trainer.devices=2, or train in one process: trainer=default"))
+    elif tr.accelerator != "cpu" and 0 < gpus < tr.devices:
+        problems.append(Problem("trainer.devices", tr.devices, f"at most {gpus} (the CUDA GPUs of this machine)",
+                                f"set trainer.devices={gpus}, or run where {tr.devices} GPUs are"))
+    if cfg.rollout.backend == "vllm":
+        problems += [p for p in [_vllm_problem("rollout.backend", gpus=gpus, fix="rollout=hf")] if p]
+    return problems
+
+
+def _hub_missing(wanted: List[tuple[str, str, Optional[str], str]],
+                        benchmarks: List[tuple[str, str]]) -> List[Problem]:
+    """wanted: (key, hub id, revision, the override that points at a local copy); benchmarks: (key,
+    benchmark name). One Problem for each that is neither cached nor reachable, all probed at once."""
+    from hacrl_lightning.agents.sources import hub_fix
+
+    repos = [(repo, "model", revision) for _, repo, revision, _ in wanted]
+    repos += [(BENCHMARKS[name].hub_id, "dataset", None) for _, name in benchmarks]
+    missing = missing_from_hub(repos)
+    problems = []
+    for key, repo, revision, setting in wanted:
+        why = missing.get((repo, "model", revision))
+        if why:
+            problems.append(Problem(key, repo, "a model in the local Hugging Face cache or on a reachable hub, "
+                                    "or a local directory", f"{why}; {hub_fix(repo, setting)}"))
+    for key, name in benchmarks:
+        spec = BENCHMARKS[name]
+        why = missing.get((spec.hub_id, "dataset", None))
+        if why:
+            problems.append(Problem(key, f"benchmark {name} ({spec.hub_id})", "local files, or a benchmark on a "
+                                    "reachable hub", f"{why}; {benchmark_fix(spec)}"))
+    return problems
+
+
+def hub_problems(cfg: TrainConfig) -> List[Problem]:
+    """Every hub model (agents' model / tokenizer) and hub benchmark (a math task without local files)
+    of the run that is neither in the local cache nor reachable: all named in one list."""
+    from hacrl_lightning.agents.sources import is_hub_id
+
+    wanted = []
+    for name, agent in cfg.agents.items():
+        for field in ("model", "tokenizer"):
+            source = getattr(agent, field)
+            if source and is_hub_id(source):
+                key = f"agents.{name}.{field}"
+                wanted.append((key, source, agent.revision, f"{key}=/path/to/dir"))
+    benchmarks = []
+    if cfg.data.name in BENCHMARK_TASKS:
+        train, held_out = BENCHMARK_TASKS[cfg.data.name]
+        benchmarks = [(f"data.{key}", bench) for key, bench in (("train_files", train), ("eval_files", held_out))
+                      if not getattr(cfg.data, key)]
+    return _hub_missing(wanted, benchmarks)
+
+
+def evaluate_machine_problems(cfg: EvaluateConfig) -> List[Problem]:
+    """An evaluation's device and backend this machine lacks, and its hub agents and benchmarks (without
+    `files.<name>`) that are neither cached nor reachable: all at once."""
+    from hacrl_lightning.agents.sources import is_hub_id
+
+    problems = []
+    if cfg.device == "cuda" or cfg.backend == "vllm":
+        gpus = _cuda_devices()
+        if cfg.device == "cuda" and gpus == 0:
+            problems.append(Problem("device", "cuda", "cpu or auto (this machine has no CUDA GPU)", "set device=auto"))
+        if cfg.backend == "vllm":
+            problems += [p for p in [_vllm_problem("backend", gpus=gpus, fix="backend=hf")] if p]
+    wanted = [(f"agents[{i}]", entry, None, "agents=[/path/to/dir,...]") for i, entry in enumerate(cfg.agents)
+              if is_hub_id(entry)]
+    benchmarks = [(f"files.{name}", name) for name in cfg.benchmarks
+                  if name in BENCHMARKS and name != SYNTHETIC and not cfg.files.get(name)]
+    return problems + _hub_missing(wanted, benchmarks)
+
+
 def preflight_problems(cfg: TrainConfig) -> List[Problem]:
-    """The file-system and tokenizer problems of `cfg` (empty when it is fine). Loads no model weights."""
+    """The machine, file-system, hub and tokenizer problems of `cfg` (empty when it is fine). Loads no model weights."""
     problems = _data_file_problems(cfg.data)
+    hub = hub_problems(cfg)
     task_problems: List[Problem] = []
-    prompts, answers = _task_sample(cfg.data, task_problems)
+    no_data = any(p.key.startswith("data.") for p in hub)  # its hub benchmarks are unreachable: said there
+    prompts, answers = ([], []) if no_data else _task_sample(cfg.data, task_problems)
     problems += [] if problems else task_problems  # a task that cannot load its missing file: said once
+    problems += device_problems(cfg) + hub
     for name, agent_cfg in cfg.agents.items():
         problems += _agent_problems(name, agent_cfg, prompts, answers, zoo_cache=cfg.zoo_cache)
     if cfg.resume:
@@ -167,7 +299,7 @@ def _task_sample(data: DataConfig, problems: List[Problem]) -> tuple[list[str], 
         return [], []  # name_problems reports it
     try:
         splits = load_task(data)
-    except (KeyError, ValueError, OSError) as err:
+    except (KeyError, ValueError, OSError, BenchmarkLoadError) as err:
         message = err.args[0] if err.args else type(err).__name__
         problems.append(Problem("data", data.name, "a task that loads", str(message)))
         return [], []
@@ -183,7 +315,7 @@ def _local_dir_problem(key: str, source: str, *, need_config: bool) -> Optional[
     path = Path(source).expanduser()
     if not path.is_dir():
         return Problem(key, source, "an existing directory (or a hub id, or zoo:<preset>)",
-                       "point it at a directory written by `huggingface-cli download` or Agent.export")
+                       f"point it at a directory written by `{download_command()}` or Agent.export")
     if need_config and not (path / "config.json").is_file():
         return Problem(key, source, "a model directory holding config.json and the weights",
                        "point it at the model's directory, not at a parent or a tokenizer-only one")

@@ -4,18 +4,22 @@
     python scripts/evaluate.py agents=[runs/x] protocol=paper                 # every agent of the run's checkpoint
     python scripts/evaluate.py agents=[Qwen/Qwen3-4B-Base] max_response_len=8192
     python scripts/evaluate.py agents=[...] benchmarks=[gsm8k] files.gsm8k=/data/gsm8k_test.parquet reward=math_verify
+    python scripts/evaluate.py agents=[zoo:tiny_a,runs/x/exports/tiny_a] benchmarks=[synthetic]  # the demo's task
     python scripts/evaluate.py --cfg job                                      # print the composed config
 
 Composes `configs/evaluate/evaluate.yaml` with `EvaluateConfig` as the schema
-(`hacrl_lightning.cli.compose_evaluate`: every problem reported at once, exit status 2), loads the
-agents and benchmarks, generates with the rollout engine, scores with the reward registry, prints
-the table and writes results.json and results.md in `output_dir`. The resolved config is saved
-there as evaluate.yaml.
+(`hacrl_lightning.cli.compose_evaluate`: every problem reported at once, exit status 2, the device,
+vLLM and hub models and benchmarks that are neither cached nor reachable included), loads the
+agents and benchmarks, generates with the rollout engine, scores each benchmark with its own reward
+(its training task's: `synthetic` with exact_match, as the training's held-out evaluation; or
+`reward=<name>` for all), prints the table and writes results.json and results.md in `output_dir`,
+made once everything has loaded, with the resolved config as evaluate.yaml.
 """
 
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,7 +33,7 @@ from hacrl_lightning.errors import ConfigError
 def main(argv: list[str]) -> int:
     overrides, show = parse_cli(argv)
     try:
-        cfg, dcfg = compose_evaluate(overrides)
+        cfg, dcfg = compose_evaluate(overrides, preflight=not show)  # the device and the hub too
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -40,14 +44,13 @@ def main(argv: list[str]) -> int:
     import torch
 
     from hacrl_lightning.agents.sources import AgentLoadError
-    from hacrl_lightning.data.benchmarks import BenchmarkLoadError, DataFormatError, load_benchmark
+    from hacrl_lightning.data.benchmarks import BenchmarkLoadError, DataFormatError, get_benchmark, load_benchmark
     from hacrl_lightning.evaluation import (build_engines, evaluate_agents, format_table, load_eval_agents,
                                             plan_benchmarks, write_results)
     from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
 
-    out = Path(cfg.output_dir).resolve()
-    save_resolved(dcfg, out, name="evaluate.yaml")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    rewards = {name: cfg.reward or get_benchmark(name).reward for name in cfg.benchmarks}  # each its own by default
 
     def adjust(agent: AgentConfig) -> AgentConfig:
         changes = {key: getattr(cfg, key) for key in ("max_prompt_len", "max_response_len", "dtype")
@@ -60,12 +63,15 @@ def main(argv: list[str]) -> int:
         for name in cfg.benchmarks:
             files = cfg.files.get(name) or []
             loaded = load_benchmark(name, [files] if isinstance(files, str) else list(files), limit=cfg.limit)
-            benchmarks[name] = exclude_unscorable(loaded, cfg.reward, what=name)
-            print(f"{name}: {len(benchmarks[name])} problems from {files or 'the hub'}")
+            benchmarks[name] = exclude_unscorable(loaded, rewards[name], what=name)
+            where = "generated" if not get_benchmark(name).hub_id else (files or "the hub")
+            print(f"{name}: {len(benchmarks[name])} problems from {where}, scored by {rewards[name]}")
         agents, sources = load_eval_agents(cfg.agents, zoo_cache=cfg.zoo_cache, adjust=adjust)
     except (AgentLoadError, BenchmarkLoadError, DataFormatError, FileNotFoundError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    out = Path(cfg.output_dir).resolve()  # written once agents and benchmarks are loaded: no half-made dir
+    save_resolved(dcfg, out, name="evaluate.yaml")
     for agent in agents.values():
         agent.to(device)
     engines = build_engines(agents, backend=cfg.backend, batch_size=cfg.generation_batch_size,
@@ -73,11 +79,14 @@ def main(argv: list[str]) -> int:
                             export_dir=out / "engine_dirs")
     listed = ", ".join(f"{k} ({v})" for k, v in sources.items())
     print(f"agents: {listed} | protocol: {cfg.protocol} | device: {device}")
-    with RewardPool(get_reward(cfg.reward), workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s) as pool:
-        results = evaluate_agents(agents, benchmarks, plans, score=pool.score, engines=engines,
-                                  temperature=cfg.temperature, seed=cfg.seed, protocol=cfg.protocol, sources=sources,
-                                  progress=print)
-        results["reward_failures"] = dict(pool.stats)
+    with ExitStack() as stack:
+        pools = {reward: stack.enter_context(RewardPool(get_reward(reward), workers=cfg.reward_workers,
+                                                        timeout_s=cfg.reward_timeout_s))
+                 for reward in dict.fromkeys(rewards.values())}
+        results = evaluate_agents(agents, benchmarks, plans, score={b: pools[r].score for b, r in rewards.items()},
+                                  engines=engines, temperature=cfg.temperature, seed=cfg.seed, protocol=cfg.protocol,
+                                  sources=sources, progress=print)
+        results["reward_failures"] = {reward: dict(pool.stats) for reward, pool in pools.items()}
     results["settings"] = OmegaConf.to_container(dcfg, resolve=True)
     json_path, md_path = write_results(results, out)
     print(format_table(results))

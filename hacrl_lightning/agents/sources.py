@@ -13,11 +13,9 @@ Deliberately not here: the agent itself (`agent.py`) and building anything (`zoo
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any, Callable, Dict
 
-HUB_PROBE_TIMEOUT_S = 10.0
-"""How long to wait for the hub before giving up on a model that is not in the local HF cache."""
+from hacrl_lightning import hub
 
 Resolver = Callable[[str, "str | os.PathLike | None"], str]
 """(name after the prefix, zoo cache or None) -> a local directory; raises KeyError for an unknown name."""
@@ -50,28 +48,17 @@ def looks_like_path(source: str) -> bool:
     return source.startswith(("/", "./", "../", "~", ".\\")) or os.path.isdir(os.path.expanduser(source))
 
 
-def _hub_offline() -> bool:
-    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("TRANSFORMERS_OFFLINE", ""))
-    return any(flag.strip().upper() in ("1", "ON", "YES", "TRUE") for flag in flags)
+def is_hub_id(source: str) -> bool:
+    """A hub id (`Qwen/Qwen3-4B`, `gpt2`): not a local path or file, not a prefixed source (`zoo:`)."""
+    return not (looks_like_path(source) or os.path.exists(os.path.expanduser(source)) or source.count("/") > 1
+                or any(source.startswith(prefix) for prefix in _RESOLVERS))
 
 
-def _probe_hub(repo_id: str, revision: str | None, timeout: float) -> str | None:
-    """None when the hub answers for `repo_id` within `timeout` seconds, else why not."""
-    from huggingface_hub import HfApi
-
-    outcome: list[str | None] = []
-
-    def probe() -> None:
-        try:
-            HfApi().model_info(repo_id, revision=revision, timeout=timeout)
-            outcome.append(None)
-        except Exception as error:  # any failure means "do not start a download"
-            outcome.append(f"{type(error).__name__}: {error}".splitlines()[0][:300])
-
-    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo ignores socket timeouts
-    thread.start()
-    thread.join(timeout + 1.0)
-    return outcome[0] if outcome else f"no answer within {timeout:.0f} s"
+def hub_fix(repo_id: str, setting: str) -> str:
+    """How to get a hub model onto a machine that cannot reach the hub, with the installed CLI's
+    command; `setting` is the override that then points at the copy (`/path/to/dir` in it)."""
+    return (f"download it where the hub is reachable (`{hub.download_hint(repo_id, '/path/to/dir')}`), copy the "
+            f"directory here and point at it: {setting}")
 
 
 def fetch(loader: Callable[..., Any], source: str, *, agent: str, key: str, **kwargs) -> Any:
@@ -82,19 +69,16 @@ def fetch(loader: Callable[..., Any], source: str, *, agent: str, key: str, **kw
         if not os.path.isdir(path):
             raise AgentLoadError(
                 f"agent {agent!r}: {key}={source!r} is not a directory. Fix: point {key} at a directory "
-                f"holding config.json and the weights (e.g. one written by `huggingface-cli download` or Agent.export)."
+                f"holding config.json and the weights (e.g. one written by `{hub.download_command()}` or Agent.export)."
             )
         return loader(path, **kwargs)
     try:
         return loader(source, local_files_only=True, **kwargs)
     except OSError:
         pass  # not (completely) in the local HF cache
-    why = "the hub is switched off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)" if _hub_offline() else \
-        _probe_hub(source, kwargs.get("revision"), HUB_PROBE_TIMEOUT_S)
+    why = "the hub is switched off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)" if hub.offline(hub.MODEL_OFFLINE) else \
+        hub.probe(source, revision=kwargs.get("revision"))
     if why is not None:
-        raise AgentLoadError(
-            f"agent {agent!r}: {key}={source!r} is not in the local Hugging Face cache and cannot be fetched "
-            f"({why}). Fix: download it where the hub is reachable (`huggingface-cli download {source} "
-            f"--local-dir /path/to/dir`), copy the directory here and point the preset at it: {key}=/path/to/dir"
-        )
+        raise AgentLoadError(f"agent {agent!r}: {key}={source!r} is not in the local Hugging Face cache and cannot "
+                             f"be fetched ({why}). Fix: {hub_fix(source, f'{key}=/path/to/dir')}")
     return loader(source, **kwargs)

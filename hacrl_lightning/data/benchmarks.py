@@ -1,4 +1,5 @@
-"""Math benchmarks: MATH, GSM8K, MATH-500, AIME 2025, AMC23, Minerva Math and OlympiadBench as `Example`s.
+"""Math benchmarks: MATH, GSM8K, MATH-500, AIME 2025, AMC23, Minerva Math and OlympiadBench as `Example`s,
+and `synthetic`, the held-out split of the offline arithmetic task (generated, never read).
 
 A `Benchmark` names where a dataset lives on the Hugging Face hub (id, config, split) and how its
 columns map to a question and a gold answer (MATH solutions: the last `\\boxed{}`; GSM8K: the text
@@ -20,19 +21,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from hacrl_lightning.errors import suggest
+from hacrl_lightning import hub
+from hacrl_lightning.config import DataConfig
 from hacrl_lightning.data.records import Example, PromptDataset
+from hacrl_lightning.data.synthetic import synthetic_examples
+from hacrl_lightning.errors import suggest
 from hacrl_lightning.rewards.exact_match import extract_boxed
 
 PROMPT_TEMPLATE = "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 """The one prompt of every math benchmark; `{question}` is the problem statement."""
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
-HUB_PROBE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class Benchmark:
     """Samples per problem under the paper's protocol: 1 (avg@1) everywhere, 30 (best@30) on AIME 2025."""
     size: int = 0
     """Problems in the hub split (for documentation and sanity messages)."""
+    reward: str = "math_verify"
+    """The reward that scores it by default: the one its training task uses."""
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
@@ -73,7 +77,12 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("minerva", "Minerva", "math-ai/minervamath", None, "test", "question", "answer", size=272),
     Benchmark("olympiadbench", "OlympiadBench", "Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train",
               "question", "final_answer", "first", size=674),
+    Benchmark("synthetic", "Synthetic", "", None, "eval", "question", "answer", size=DataConfig().eval_size,
+              reward=DataConfig().reward),
 )}
+SYNTHETIC = "synthetic"
+"""Not on the hub: the held-out split of `data=synthetic` (the demo's task), generated offline with
+`DataConfig`'s defaults and scored by its reward, so a score here is the training's held-out figure."""
 PAPER_BENCHMARKS = ("math500", "math", "gsm8k", "aime2025", "amc23", "minerva", "olympiadbench")
 """The seven evaluation benchmarks of the paper, in its table order."""
 
@@ -274,37 +283,19 @@ def examples_from_file(spec: Benchmark, path: str | os.PathLike) -> list[Example
 # the hub
 
 
-def _hub_offline() -> bool:
-    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("HF_DATASETS_OFFLINE", ""))
-    return any(flag.strip().upper() in ("1", "ON", "YES", "TRUE") for flag in flags)
-
-
-def _probe_dataset(repo_id: str, timeout: float = HUB_PROBE_TIMEOUT_S) -> str | None:
-    """None when the hub answers for dataset `repo_id` within `timeout` seconds, else why not."""
-    from huggingface_hub import HfApi
-
-    outcome: list[str | None] = []
-
-    def probe() -> None:
-        try:
-            HfApi().dataset_info(repo_id, timeout=timeout)
-            outcome.append(None)
-        except Exception as error:  # any failure means: do not start minutes of download retries
-            outcome.append(f"{type(error).__name__}: {error}".splitlines()[0][:300])
-
-    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo ignores socket timeouts
-    thread.start()
-    thread.join(timeout + 1.0)
-    return outcome[0] if outcome else f"no answer within {timeout:.0f} s"
+def hub_fix(spec: Benchmark) -> str:
+    """How to use a benchmark without the hub: download its files (the installed CLI's command) and give them."""
+    local = f"/data/{spec.name}"
+    return (f"download it where the hub is reachable (`{hub.download_hint(spec.hub_id, local, repo_type='dataset')}`), "
+            f"copy the directory here and give its {spec.split!r} split's .parquet file(s) as local files "
+            f"(evaluate.py: files.{spec.name}=...; training: data.train_files / data.eval_files); with a cached "
+            "copy, set HF_HUB_OFFLINE=1")
 
 
 def examples_from_hub(spec: Benchmark) -> list[Example]:
     """The benchmark's hub split (from the local HF cache when HF_HUB_OFFLINE=1)."""
-    fix = (f"download it where the hub is reachable (e.g. `datasets.load_dataset({spec.hub_id!r}, "
-           f"{spec.hub_config!r}, split={spec.split!r}).to_parquet('{spec.name}.parquet')`), copy the file here and "
-           f"give it as a local file (evaluate.py: files.{spec.name}=/path/{spec.name}.parquet; training: "
-           "data.train_files / data.eval_files); with a cached copy, set HF_HUB_OFFLINE=1")
-    why = None if _hub_offline() else _probe_dataset(spec.hub_id)
+    fix = hub_fix(spec)
+    why = None if hub.offline(hub.DATASET_OFFLINE) else hub.probe(spec.hub_id, repo_type="dataset")
     if why is not None:
         raise BenchmarkLoadError(f"benchmark {spec.name!r}: the hub dataset {spec.hub_id!r} is unreachable ({why}). "
                                  f"Fix: {fix}")
@@ -327,7 +318,12 @@ def load_benchmark(name: str, files: Sequence[str | os.PathLike] = (), *, limit:
     malformed file) or BenchmarkLoadError (hub unreachable; the message says how to use a file).
     """
     spec = get_benchmark(name)
-    if files:
+    if name == SYNTHETIC:
+        if files:
+            raise ValueError(f"benchmark {name!r} is generated, not read from files ({list(files)}). "
+                             f"Fix: drop files.{name}")
+        examples = synthetic_examples(DataConfig(), "eval")
+    elif files:
         examples = [ex for path in files for ex in examples_from_file(spec, path)]
     else:
         examples = examples_from_hub(spec)

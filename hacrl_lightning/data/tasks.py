@@ -36,10 +36,11 @@ def _benchmark_task(train: str, held_out: str) -> TaskLoader:
     return load
 
 
+BENCHMARK_TASKS: dict[str, tuple[str, str]] = {"math": ("math_train", "math500"), "gsm8k": ("gsm8k_train", "gsm8k")}
+"""The tasks read from benchmarks: name -> (train benchmark, held-out benchmark)."""
 TASKS: dict[str, TaskLoader] = {
     "synthetic": _synthetic,
-    "math": _benchmark_task("math_train", "math500"),
-    "gsm8k": _benchmark_task("gsm8k_train", "gsm8k"),
+    **{name: _benchmark_task(train, held_out) for name, (train, held_out) in BENCHMARK_TASKS.items()},
 }
 
 
