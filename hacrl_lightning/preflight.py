@@ -448,5 +448,5 @@ def _vocab_problems(key: str, tokenizer_key: str, model: str, source: str, token
     text, ids, own_ids = differs
     return [Problem(tokenizer_key, value, f"the tokenizer of {cfg.model!r}: the same ids as the tokenizer in its "
                     "directory for the task's texts",
-                    f"{text!r} is {ids[:12]} for {tokenizer_key} but {own_ids[:12]} for the model's own tokenizer "
-                    f"(ids it never learned); {mismatch_fix(key, cfg)}")]
+                    f"{tokenizer_key} encodes {text!r} as {ids[:12]}, the model's own tokenizer as {own_ids[:12]} "
+                    f"(the model never learned those ids); {mismatch_fix(key, cfg)}")]
