@@ -15,6 +15,9 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
   chat template and an EOS token, round-trip the task's texts exactly (HACPO_SPEC §8), fit the
   longest sampled task prompt, in its own chat template, in `max_prompt_len`, and fit the longest
   sampled answer (plus EOS) in `max_response_len`;
+- that each agent's tokenizer is its model's (`_vocab_problems`): no id beyond the model's embedding
+  (`vocab_size` of its config.json), and, where `tokenizer` overrides a model directory that holds a
+  tokenizer of its own, the same ids as that one for the task's texts;
 - what this machine must have (`device_problems`): no more GPUs than it has when the accelerator is
   gpu/cuda (or auto with devices > 1; CPU ranks with `trainer.accelerator=cpu` are fine), and CUDA
   plus the `vllm` package for `rollout=vllm`;
@@ -366,7 +369,8 @@ def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers
     tokenizer = _load_tokenizer(source, cfg)
     if tokenizer is None:
         return problems
-    return _tokenizer_problems(key, tokenizer_key, source, tokenizer, cfg, prompts, answers)
+    return _tokenizer_problems(key, tokenizer_key, source, tokenizer, cfg, prompts, answers) or \
+        _vocab_problems(key, tokenizer_key, model, source, tokenizer, cfg, [*prompts, *answers])
 
 
 def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cfg: AgentConfig,
@@ -405,3 +409,44 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
                                 f"set {key}.max_response_len={answer_len} or more; a shorter limit can never "
                                 "be rewarded"))
     return problems
+
+
+def _vocab_problems(key: str, tokenizer_key: str, model: str, source: str, tokenizer, cfg: AgentConfig,
+                    texts: Sequence[str]) -> List[Problem]:
+    """A tokenizer that is not its model's (another agent's, say): one with ids beyond the model's
+    embedding (`vocab_size` of its config.json; no weights are read), or, when `tokenizer` overrides a
+    model directory that holds a tokenizer of its own, one that gives the task's texts other ids than
+    that one does (the model never learned them: it would train at accuracy 0). A tokenizer smaller
+    than the embedding is fine (padded vocabularies, as Qwen's)."""
+    from transformers import AutoConfig
+
+    from hacrl_lightning.agents.agent import mismatch_fix, model_vocab_size
+    from hacrl_lightning.agents.sources import looks_like_path
+    from hacrl_lightning.agents.tokenizers import embedding_mismatch, encode_text
+
+    local = looks_like_path(model)
+    try:
+        config = AutoConfig.from_pretrained(os.path.expanduser(model), revision=cfg.revision,
+                                            trust_remote_code=cfg.trust_remote_code, local_files_only=not local)
+    except (OSError, ValueError):
+        return []  # not cached, or not a config transformers knows: Agent.load says what to do
+    vocab_size, value = model_vocab_size(config), cfg.tokenizer or cfg.model
+    mismatch = embedding_mismatch(tokenizer, vocab_size)
+    if mismatch:
+        return [Problem(tokenizer_key, value, f"a tokenizer whose ids fit the embedding of {cfg.model!r} "
+                        f"({vocab_size:,} rows)", f"{mismatch}; {mismatch_fix(key, cfg)}")]
+    own_files = local and any((Path(model).expanduser() / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+    if cfg.tokenizer is None or source == model or not own_files or not texts:
+        return []
+    own = _load_tokenizer(model, cfg)
+    if own is None:
+        return []
+    differs = next(((t, a, b) for t, a, b in zip(texts, encode_text(tokenizer, texts), encode_text(own, texts))
+                    if a != b), None)
+    if differs is None:
+        return []
+    text, ids, own_ids = differs
+    return [Problem(tokenizer_key, value, f"the tokenizer of {cfg.model!r}: the same ids as the tokenizer in its "
+                    "directory for the task's texts",
+                    f"{tokenizer_key} encodes {text!r} as {ids[:12]}, the model's own tokenizer as {own_ids[:12]} "
+                    f"(the model never learned those ids); {mismatch_fix(key, cfg)}")]

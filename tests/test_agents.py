@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
+import subprocess
 import time
 from pathlib import Path
 
@@ -111,6 +114,54 @@ def test_export_loads_and_generates_identically_with_plain_transformers(zoo_agen
     assert any(text.startswith("\\boxed{") for text in plain)
 
 
+def test_export_writes_a_tokenizer_config_that_transformers_v4_reads(zoo_agents, exported):
+    """v4 reads `extra_special_tokens` as a dict (v5 writes a list: "'list' object has no attribute
+    'keys'"), adds `token_type_ids` unless told the input names, and takes `model_max_length` as the
+    context; loader-only keys mean nothing on disk; files are readable by all."""
+    agent = zoo_agents["tiny_b"]
+    config = json.loads((exported / "tokenizer_config.json").read_text())
+    assert isinstance(config.get("extra_special_tokens", {}), dict)
+    assert config["additional_special_tokens"] == ["<|im_start|>"]
+    assert config["model_max_length"] == agent.model.config.max_position_embeddings == agent.context_length == 256
+    assert not {"is_local", "local_files_only"} & set(config)
+    assert config["model_input_names"] == ["input_ids", "attention_mask"]
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in exported.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+    reloaded = AutoTokenizer.from_pretrained(exported)  # v5 reads v4's key back: still a special token
+    assert "<|im_start|>" in reloaded.all_special_tokens and reloaded.model_max_length == 256
+    assert reloaded("<|im_start|>", add_special_tokens=False)["input_ids"] == [
+        agent.tokenizer.convert_tokens_to_ids("<|im_start|>")]
+
+
+V4_PYTHON = os.environ.get("HACRL_V4_PYTHON", "")
+"""A Python with transformers 4.57 (and torch, protobuf): not a project dependency; docs/agents.md says how."""
+V4_GREEDY = """
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model, tokenizer = AutoModelForCausalLM.from_pretrained(sys.argv[1]), AutoTokenizer.from_pretrained(sys.argv[1])
+messages = [[{"role": "user", "content": q}] for q in json.loads(sys.argv[2])]
+enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, padding=True, return_tensors="pt",
+                                    return_dict=True)
+out = model.generate(**enc, do_sample=False, max_new_tokens=int(sys.argv[3]))
+import transformers
+print(json.dumps({"version": transformers.__version__, "max_length": tokenizer.model_max_length,
+                  "greedy": tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)}))
+"""
+
+
+@pytest.mark.skipif(not V4_PYTHON, reason="set HACRL_V4_PYTHON to a Python with transformers 4.57 (docs/agents.md)")
+@pytest.mark.parametrize("name", ["tiny_a", "tiny_b", "tiny_c"])
+def test_export_loads_and_generates_identically_in_transformers_v4(zoo_agents, tmp_path, name):
+    agent = zoo_agents[name]
+    directory = agent.export(tmp_path / name)
+    result = subprocess.run([V4_PYTHON, "-c", V4_GREEDY, str(directory), json.dumps(QUESTIONS),
+                             str(agent.max_response_len)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    v4 = json.loads(result.stdout.splitlines()[-1])
+    assert v4["version"].startswith("4.") and v4["max_length"] == agent.context_length
+    assert v4["greedy"] == greedy_responses(agent, QUESTIONS)
+
+
 def test_a_local_directory_loads_like_a_hub_model(zoo_agents, exported):
     agent = Agent.load("local_b", AgentConfig(model=str(exported), max_response_len=24))
     original = zoo_agents["tiny_b"]
@@ -160,6 +211,21 @@ def test_a_lossy_tokenizer_is_refused_with_an_example(exported, tmp_path):
         Agent.load("wp", cfg, check_texts=["answer is \\boxed{19}"])
     message = str(info.value)
     assert "agent 'wp'" in message and "\\\\boxed{19}" in message and "lossy" in message
+
+
+def test_another_models_tokenizer_is_refused_before_the_weights_load(monkeypatch):
+    """tiny_a's model (356 embedding rows) with tiny_qwen3's tokenizer (151,669 tokens): on main this
+    loaded and died in the first forward with `IndexError: index out of range in self`."""
+    loads = []
+    real = AutoModelForCausalLM.from_pretrained.__func__
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: loads.append(a) or real(cls, *a, **k)))
+    with pytest.raises(AgentLoadError) as info:
+        Agent.load("a", AgentConfig(model="zoo:tiny_a", tokenizer="zoo:tiny_qwen3"), check_texts=())
+    message = str(info.value)
+    assert "agent 'a': agents.a.tokenizer='zoo:tiny_qwen3'" in message, message
+    assert "151,669 tokens" in message and "356 rows" in message and "drop agents.a.tokenizer" in message
+    assert loads == []
 
 
 def test_a_tokenizer_without_chat_template_needs_one(exported, tmp_path):

@@ -9,6 +9,7 @@ weights were loaded (`from_pretrained` of a causal LM is watched, not replaced).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,15 +27,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, zoo_cache) -> dict[str, Path]:
-    """A lossy (WordPiece) tokenizer dir, an empty dir, a missing path, and the zoo cache in use (with
-    tiny_a and tiny_b built, so that a cold cache's one-time build is not mistaken for a model load)."""
-    for name in ("tiny_a", "tiny_b"):
-        zoo.ensure_built(name, cache_dir=zoo_cache)
+    """A lossy (WordPiece) tokenizer dir, an empty dir, a missing path, tiny_b with its embedding padded
+    to 320 rows (305 tokens), and the zoo cache in use (with the agents used here built, so that a cold
+    cache's one-time build is not mistaken for a model load)."""
+    built = {name: zoo.ensure_built(name, cache_dir=zoo_cache) for name in ("tiny_a", "tiny_b", "tiny_c", "tiny_qwen3")}
     root = tmp_path_factory.mktemp("bad_configs")
     save_lossy_wordpiece(root / "wordpiece", ["\\", "boxed", "{", "}", "what", "is", "?", "+"])
     (root / "empty").mkdir()
+    padded = shutil.copytree(built["tiny_b"], root / "padded")
+    model = AutoModelForCausalLM.from_pretrained(padded)
+    model.resize_token_embeddings(320, mean_resizing=False)
+    model.save_pretrained(padded)
     return {"lossy": root / "wordpiece", "empty": root / "empty", "missing": root / "no_such_model",
-            "run": root / "run_without_checkpoints", "zoo": zoo_cache}
+            "run": root / "run_without_checkpoints", "zoo": zoo_cache, "padded": Path(padded)}
 
 
 @pytest.fixture
@@ -70,6 +75,10 @@ CASES = [
     ("model_dir_without_config", ["agents.tiny_a.model={empty}"], "agents.tiny_a.model"),
     ("unknown_zoo_preset", ["agents.tiny_a.model=zoo:tiny_zz"], "agents.tiny_a.model"),
     ("lossy_tokenizer", ["agents.tiny_b.tokenizer={lossy}"], "agents.tiny_b.tokenizer"),
+    ("another_agents_larger_tokenizer", ["agents.tiny_a.tokenizer=zoo:tiny_qwen3"], "agents.tiny_a.tokenizer"),
+    ("another_agents_tokenizer_a_bit_larger", ["agents.tiny_b.tokenizer=zoo:tiny_c"], "agents.tiny_b.tokenizer"),
+    ("another_agents_smaller_tokenizer", ["agents=[tiny_a,tiny_c]", "agents.tiny_c.tokenizer=zoo:tiny_b"],
+     "agents.tiny_c.tokenizer"),
     ("unknown_reward", ["data.reward=exakt"], "data.reward"),
     ("unknown_task", ["data.name=gsm9k"], "data.name"),
     ("unknown_data_file", ["data.train_files=[{missing}.jsonl]"], "data.train_files[0]"),
@@ -122,6 +131,30 @@ def test_every_problem_of_every_kind_is_in_one_error(files, model_loads):
     tokenizer = by_key["agents.tiny_b.tokenizer"]
     assert "lossless" in tokenizer.allowed and "WordPiece" in tokenizer.fix
     assert model_loads == []
+
+
+def test_another_agents_tokenizer_names_both_sizes_and_the_fix(files, model_loads):
+    """On main these trained: tiny_a's model with tiny_qwen3's tokenizer died in the first forward
+    (IndexError), tiny_c's model with tiny_b's (smaller) tokenizer trained at accuracy 0.000, exit 0."""
+    larger = problems_of(overrides_for(["agents.tiny_a.tokenizer=zoo:tiny_qwen3"], files)).problems
+    assert [(p.key, p.value) for p in larger] == [("agents.tiny_a.tokenizer", "zoo:tiny_qwen3")]
+    assert "(356 rows)" in larger[0].allowed and "151,669 tokens" in larger[0].fix
+    assert "drop agents.tiny_a.tokenizer" in larger[0].fix
+    smaller = problems_of(overrides_for(["agents=[tiny_a,tiny_c]", "agents.tiny_c.tokenizer=zoo:tiny_b"], files))
+    (problem,) = smaller.problems
+    assert problem.key == "agents.tiny_c.tokenizer" and "same ids" in problem.allowed
+    assert "What is" in problem.fix and "drop agents.tiny_c.tokenizer" in problem.fix
+    assert model_loads == []
+
+
+def test_a_tokenizer_smaller_than_the_embedding_is_the_models_own(files, model_loads):
+    """Padded vocabularies (Qwen's 151,669 tokens in 151,936 rows) are normal: accepted, and loaded."""
+    cfg, _ = compose_config(overrides_for(["agents.tiny_b.model={padded}"], files), preflight=True)
+    assert model_loads == []
+    from hacrl_lightning.agents import Agent
+
+    agent = Agent.load("tiny_b", cfg.agents["tiny_b"])
+    assert agent.model.get_input_embeddings().num_embeddings == 320 and len(agent.tokenizer) == 305
 
 
 def test_prompt_limit_names_the_length_that_fits(files):

@@ -82,6 +82,21 @@ def test_partner_responses_become_exactly_the_response_in_the_learner_tokens(zoo
         assert (view.input_ids[b, lengths[b]:] == learner.pad_token_id).all()
 
 
+@pytest.mark.parametrize("source_name,learner_name", PAIRS)
+def test_a_partner_spelling_the_learners_special_tokens_stays_text(zoo_agents, source_name, learner_name):
+    """The learner's EOS / pad / BOS / `<|im_start|>` written as text by a partner stay text: no special
+    id mid-response (on main `<|im_end|>` became tiny_b's real end token), and the text comes back."""
+    source, learner = zoo_agents[source_name], zoo_agents[learner_name]
+    text = "so " + " x ".join(learner.tokenizer.all_special_tokens) + " = \\boxed{7}"
+    rollout = make_rollouts(source, EXAMPLES[:1], [generation(source, text, True)])[0]
+    assert rollout.response == text
+    view = view_for(with_limits(learner, max_response_len=10_000), [rollout], sources=ZOO_AGENTS)
+    response = row_parts(view, 0)[1]
+    assert response[-1] == learner.eos_token_id
+    assert not set(response[:-1]) & {*learner.tokenizer.all_special_ids, *learner.eos_token_ids}
+    assert learner.decode_response(response) == text and not view.unrepresentable[0]
+
+
 def test_the_same_answer_is_different_tokens_for_each_agent(zoo_agents):
     ids = {name: tuple(agent.encode_response(["\\boxed{123}"])[0]) for name, agent in zoo_agents.items()}
     assert len(set(ids.values())) == len(ids)

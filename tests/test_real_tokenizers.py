@@ -173,22 +173,26 @@ def test_any_text_crosses_exactly_or_is_marked(agents, text, finished, spelled, 
             [flag for flag in ("unrepresentable", "response_truncated") if getattr(view, flag)[0]] or ["exact"]))
 
 
-def test_special_token_spellings_of_the_other_side(agents):
+def test_a_partner_spelling_the_learners_special_tokens_stays_text(agents):
+    """A partner's `<|im_end|>` reaches Qwen3 as text, never as Qwen3's end token mid-response (on main
+    the learner's tokenizer turned the spelling into the control token and the row was marked)."""
     qwen, llama = agents["tiny_qwen3"], agents["tiny_llama32"]
-    example = EXAMPLES[0]
-    cases = [  # (source, learner, text, marked): the learner's own special tokens cannot come back as text
-        (llama, qwen, "so <|im_end|> then", True),
-        (llama, qwen, "<think>\nx = 2\n</think>\n\n\\boxed{2}", False),  # <think> is an ordinary Qwen3 token
-        (llama, qwen, "<|eot_id|>", False),
-        (qwen, llama, "so <|eot_id|> then", True),
-        (qwen, llama, "<|im_end|><think>", False),
+    cases = [  # (source, learner, text)
+        (llama, qwen, "so <|im_end|> then <|endoftext|><|im_start|>assistant"),
+        (llama, qwen, "<think>\nx = 2\n</think>\n\n\\boxed{2}"),  # <think> is an ordinary Qwen3 token
+        (llama, qwen, "<|eot_id|>"),
+        (qwen, llama, "so <|eot_id|> then <|start_header_id|>user<|end_header_id|><|begin_of_text|>"),
+        (qwen, llama, "<|im_end|><think>"),
     ]
-    for source, learner, text, marked in cases:
-        rollout = make_rollouts(source, [example], [generation(source, text, True)])[0]
+    for source, learner, text in cases:
+        rollout = make_rollouts(source, EXAMPLES[:1], [generation(source, text, True)])[0]
         assert rollout.response == text
-        view = view_for(with_limits(learner, max_response_len=10_000), [rollout], sources=PAIR)
-        assert bool(view.unrepresentable[0]) == marked, text
-        check_row(with_limits(learner, max_response_len=10_000), rollout, view)
+        seen = with_limits(learner, max_response_len=10_000)
+        view = view_for(seen, [rollout], sources=PAIR)
+        body = row_parts(view, 0)[1][:-1]  # the appended EOS aside
+        assert not set(body) & {*learner.tokenizer.all_special_ids, *learner.eos_token_ids}, text
+        assert decode(learner, body) == text and not view.unrepresentable[0]
+        check_row(seen, rollout, view)
 
 
 def test_unicode_normalisation_is_marked_one_way_only(agents):

@@ -3,8 +3,10 @@
 `Agent.load(name, cfg)` takes an `AgentConfig` whose `model` is a hub id, a local directory, or
 `zoo:<preset>` (an offline tiny agent, built on first use by `zoo.py`). Every form ends in the same
 `from_pretrained(<dir>)` path, so the tiny agents exercise the code that loads real models. At load
-time the agent refuses a tokenizer that does not round-trip the task's texts (HACPO_SPEC §8), and a
-hub model that is neither cached nor reachable fails in seconds with the fix (a local directory).
+time the agent refuses, before the weights load, a tokenizer with ids beyond the model's embedding
+(another model's tokenizer), then a tokenizer that does not round-trip the task's texts (HACPO_SPEC §8);
+a hub model that is neither cached nor reachable fails in seconds with the fix (a local directory).
+`export` writes a directory that transformers v4 loads too (`tokenizers.save_tokenizer`).
 
 An `Agent` is an `nn.Module` whose only submodule is the HF model, so a LightningModule can keep
 agents in an `nn.ModuleDict`; the tokenizer is a plain attribute. Deliberately not here: sampling
@@ -22,10 +24,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from hacrl_lightning.agents.sources import AgentLoadError, fetch, resolve_source
-from hacrl_lightning.agents.tokenizers import check_lossless, decode_text, encode_text, save_tokenizer
+from hacrl_lightning.agents.tokenizers import check_lossless, decode_text, embedding_mismatch, encode_text, \
+    save_tokenizer
 from hacrl_lightning.config import AgentConfig
 
 __all__ = ["AGENT_FILE", "Agent", "AgentLoadError", "gather_logprobs", "render_chat_prompts"]
@@ -63,16 +66,22 @@ class Agent(nn.Module):
         passes float32, its master weights, and computes in `cfg.dtype` under mixed precision.
 
         `check_texts`: texts the tokenizer must round-trip (default: a sample of the synthetic
-        task's prompts and answers; pass `()` to skip). Raises `AgentLoadError` or
-        `LossyTokenizerError`, both naming the agent and the fix.
+        task's prompts and answers; pass `()` to skip). Raises `AgentLoadError` (also for a tokenizer
+        with ids beyond the model's embedding, before the weights load) or `LossyTokenizerError`, both
+        naming the agent and the fix.
         """
         key = f"agents.{name}"
         model_source = resolve_source(name, cfg.model, key=f"{key}.model", zoo_cache=zoo_cache)
         tokenizer_source = model_source if cfg.tokenizer is None else \
             resolve_source(name, cfg.tokenizer, key=f"{key}.tokenizer", zoo_cache=zoo_cache)
         common = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-        tokenizer = fetch(AutoTokenizer.from_pretrained, tokenizer_source, agent=name,
-                           key=f"{key}.tokenizer" if cfg.tokenizer else f"{key}.model", **common)
+        tokenizer_key = f"{key}.tokenizer" if cfg.tokenizer else f"{key}.model"
+        tokenizer = fetch(AutoTokenizer.from_pretrained, tokenizer_source, agent=name, key=tokenizer_key, **common)
+        config = fetch(AutoConfig.from_pretrained, model_source, agent=name, key=f"{key}.model", **common)
+        mismatch = embedding_mismatch(tokenizer, model_vocab_size(config))
+        if mismatch:
+            raise AgentLoadError(f"agent {name!r}: {tokenizer_key}={cfg.tokenizer or cfg.model!r} does not fit the "
+                                 f"model {cfg.model!r}: {mismatch}. Fix: {mismatch_fix(key, cfg)}")
         model = fetch(AutoModelForCausalLM.from_pretrained, model_source, agent=name, key=f"{key}.model",
                        dtype=dtype or getattr(torch, cfg.dtype), **common)
         if cfg.gradient_checkpointing:
@@ -131,8 +140,9 @@ class Agent(nn.Module):
         return [row[-self.max_prompt_len:] for row in ids] if truncate else ids
 
     def encode_response(self, texts: Sequence[str]) -> list[list[int]]:
-        """Response texts -> ids, no special tokens added (no EOS: the caller decides)."""
-        return encode_text(self.tokenizer, texts)
+        """Response texts -> ids, no special tokens added (no EOS: the caller decides); a special token
+        spelled in the text (a partner writing `<|im_end|>`) stays text, never becomes the token."""
+        return encode_text(self.tokenizer, texts, split_special_tokens=True)
 
     def decode_response(self, ids: Sequence[int]) -> str:
         """Response ids -> text: special tokens (EOS, pad) skipped, no space clean-up."""
@@ -163,7 +173,9 @@ class Agent(nn.Module):
     def export(self, directory: str | os.PathLike) -> Path:
         """Write a standalone Hugging Face dir (weights in the agent's `dtype`, config, generation config,
         tokenizer, chat template) that `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`
-        load alone.
+        load alone, in transformers v5 and v4. The tokenizer's `model_max_length` is the model's context
+        (`context_length`); every file in `directory` is made readable by all (0644; transformers writes
+        the weights through a private temporary file).
 
         Under FSDP2 every rank must call it (the full state dict is gathered); rank 0 writes.
         """
@@ -183,15 +195,38 @@ class Agent(nn.Module):
         config_json = json.loads(config_path.read_text())
         config_json["dtype"] = self.cfg.dtype
         config_path.write_text(json.dumps(config_json, indent=2, sort_keys=True) + "\n")
-        save_tokenizer(self.tokenizer, directory)
+        save_tokenizer(self.tokenizer, directory, model_max_length=self.context_length)
         settings = {"name": self.name, "chat_template_kwargs": dict(self.cfg.chat_template_kwargs),
                     "system_prompt": self.cfg.system_prompt, "max_prompt_len": self.max_prompt_len,
                     "max_response_len": self.max_response_len}
         (directory / AGENT_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+        for path in directory.iterdir():
+            if path.is_file():
+                path.chmod(0o644)
         return directory
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the model takes: its config's `max_position_embeddings` (`n_positions`),
+        else the agent's prompt + response limits."""
+        limit = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        return int(limit) if limit else self.max_prompt_len + self.max_response_len
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, model={self.cfg.model!r}, vocab={len(self.tokenizer)}"
+
+
+def model_vocab_size(config) -> int | None:
+    """The embedding rows of a model config (`vocab_size`; of the text model for multimodal configs)."""
+    return getattr(config.get_text_config(), "vocab_size", None)
+
+
+def mismatch_fix(key: str, cfg: AgentConfig) -> str:
+    """How to fix a tokenizer that does not fit the model of agent `key` (`embedding_mismatch`)."""
+    if cfg.tokenizer:
+        return (f"use the tokenizer this model was trained with: drop {key}.tokenizer (the model directory's "
+                f"own) or point it at that model's tokenizer")
+    return f"the model directory's tokenizer is not its model's: point {key}.tokenizer at the model's tokenizer"
 
 
 def render_chat_prompts(tokenizer: PreTrainedTokenizerBase, cfg: AgentConfig, texts: Sequence[str]) -> list[str]:

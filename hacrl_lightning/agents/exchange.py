@@ -7,12 +7,14 @@ the learner's token space, exactly as HACPO_SPEC §8 says:
 
 - the prompt in the learner's chat template (generation prompt added), left-truncated;
 - the learner's own responses in their original token ids;
-- a partner's response re-encoded from its text with `add_special_tokens=False`, plus the
-  learner's EOS when the source finished (`stop`), never when it was cut (`length`);
+- a partner's response re-encoded from its text with `add_special_tokens=False` and
+  `split_special_tokens=True` (`Agent.encode_response`: a partner's text that spells one of the
+  learner's special tokens, e.g. `<|im_end|>`, stays text and never becomes the learner's end token
+  mid-response), plus the learner's EOS when the source finished (`stop`), never when it was cut
+  (`length`);
 - responses right-truncated to the learner's `max_response_len`; every truncation is marked, and so
-  is a partner's text that the learner's tokenizer cannot give back exactly (`unrepresentable`: e.g.
-  the literal text of one of the learner's special tokens, or text that a Unicode-normalising
-  tokenizer changes, as Qwen's NFC does); such a row is still trained on;
+  is a partner's text that the learner's tokenizer cannot give back exactly (`unrepresentable`: text
+  that a Unicode-normalising tokenizer changes, as Qwen's NFC does); such a row is still trained on;
 - `loss_mask` (True = a response token that is trained on) covers exactly the response tokens,
   an appended EOS included; rows are right-padded.
 

