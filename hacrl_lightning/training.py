@@ -89,12 +89,13 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
              "evaluation": HeldOutEvalCallback(every=cfg.trainer.eval_every, samples=cfg.trainer.eval_samples),
              "stop": StopOnSignal()}
     callbacks = [
+        roles["stop"],  # first: a signal during the initial evaluation already counts as "stop after this step"
         CapabilityCallback(window, names),
         clip_schedule,
         WeightSyncCallback(),
         roles["timer"],  # after weight sync (part of a step), before evaluation (not part of it)
         roles["evaluation"],
-        roles["stop"],  # decides after the step (and its evaluation), before the checkpoint that saves it
+        # last: it saves the step after the stop decision
         StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every, steps=cfg.trainer.steps,
                        minutes=cfg.trainer.checkpoint_minutes),
     ]
