@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -28,9 +28,10 @@ RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "rollou
                   "optimizer_updates", "wall_s", "n_agents", "steps", "step_s")
 """Columns of `results.csv`, one row per method (arm) x agent x seed."""
 
-HASH_IGNORES = ("run_dir", "resume", "overwrite", "zoo_cache")
-"""Top-level keys that do not change what a run computes: where it lives, how the command started it
-(fresh, resumed, overwriting), where the built tiny agents are cached. Every other resolved value counts."""
+HASH_IGNORES = ("run_dir", "resume", "overwrite", "zoo_cache", "trainer.progress_every")
+"""Keys that do not change what a run computes or reports: where it lives, how the command started it
+(fresh, resumed, overwriting), where the built tiny agents are cached, how often it prints a progress
+line. Every other resolved value counts (a key added to the schema later makes older runs stale)."""
 
 
 def resolved_values(config_yaml: str) -> dict[str, Any]:
@@ -39,23 +40,13 @@ def resolved_values(config_yaml: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from hacrl_lightning.config import TrainConfig
+    from hacrl_lightning.config import TrainConfig, flat_values
 
     try:
         typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.create(config_yaml)))
     except OmegaConfBaseException as err:
         raise ValueError(f"not a training config: {str(err).splitlines()[0]}") from None
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(f"{prefix}{key}.", item)
-        else:
-            flat[prefix[:-1]] = value
-
-    walk("", {key: value for key, value in asdict(typed).items() if key not in HASH_IGNORES})
-    return flat
+    return {key: value for key, value in flat_values(typed).items() if key not in HASH_IGNORES}
 
 
 def config_hash(values: dict[str, Any]) -> str:

@@ -23,6 +23,8 @@ from hacrl_lightning.algorithms.capability import CapabilityWindow
 from hacrl_lightning.callbacks.capability import CapabilityCallback
 from hacrl_lightning.callbacks.checkpoint import StepCheckpoint, latest_checkpoint
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
+from hacrl_lightning.callbacks.hparams import ConfigHParams
+from hacrl_lightning.callbacks.progress import PlainProgress, interactive
 from hacrl_lightning.callbacks.timing import StepTimer
 from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
 from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
@@ -63,7 +65,8 @@ def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
 
 def build_system(cfg: TrainConfig, run_dir: Path) -> tuple[HACRLModule, RolloutDataModule, list[pl.Callback], dict]:
     """The run's module, DataModule and core callbacks (capability window, clip schedule, weight sync,
-    step timer, held-out evaluation, checkpoints), each given the values it uses; the task loads once.
+    step timer, plain progress lines when stdout is not a terminal, held-out evaluation, checkpoints), each
+    given the values it uses; the task loads once.
     Returns them and the callbacks by role (`timer`, `evaluation`) for the summary."""
     task = load_task(cfg.data)
     agents = load_agents(cfg, task)
@@ -80,6 +83,8 @@ def build_system(cfg: TrainConfig, run_dir: Path) -> tuple[HACRLModule, RolloutD
         clip_schedule,
         WeightSyncCallback(),
         roles["timer"],  # after weight sync (part of a step), before evaluation (not part of it)
+        *([] if interactive() else [PlainProgress(every=cfg.trainer.progress_every, steps=cfg.trainer.steps,
+                                                  timer=roles["timer"])]),
         roles["evaluation"],
         StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every),
     ]
@@ -91,9 +96,10 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, callbacks: list[pl.Callback])
     tr = cfg.trainer
     return pl.Trainer(
         accelerator=tr.accelerator, devices=tr.devices, num_nodes=tr.num_nodes, strategy=make_strategy(tr),
-        precision=lightning_precision(tr), max_epochs=1, logger=logger, callbacks=callbacks,
+        precision=lightning_precision(tr), max_epochs=1, logger=logger, callbacks=[*callbacks, ConfigHParams(cfg)],
         log_every_n_steps=tr.log_every, enable_checkpointing=False, use_distributed_sampler=False,
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir),
+        enable_progress_bar=interactive(),  # not a terminal: PlainProgress prints lines instead
     )
 
 
