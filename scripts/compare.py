@@ -182,9 +182,9 @@ def run_all(cfg: CompareConfig, specs: list[ex.RunSpec], training: list[str], ou
     todo = [spec for spec in specs if not spec.done]
     print(f"{len(specs)} runs ({len(specs) - len(todo)} already finished) -> {out}")
     for spec in todo:
-        if spec.summary_path.exists():
-            print(f"  stale  {spec.arm.name} seed={spec.seed}: finished under another config "
-                  f"({changes(spec.saved_values(), wanted[spec.run_dir])}); re-running it")
+        if spec.config_path.exists() and not spec.same_config:
+            print(f"  stale  {spec.arm.name} seed={spec.seed}: ran under another config "
+                  f"({changes(spec.saved_values(), wanted[spec.run_dir])}); re-running it from the start")
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // cfg.jobs)))
     running: list[tuple[ex.RunSpec, subprocess.Popen, Any]] = []
     started, finished, failed = time.perf_counter(), 0, 0
