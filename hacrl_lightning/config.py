@@ -15,7 +15,7 @@ file or a tokenizer (`preflight.check_run`). `preflight.validate(cfg)` runs the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
@@ -233,6 +233,10 @@ class TrainerConfig:
     """Checkpoint whenever this many minutes have passed since the last one (0: off), so a crash costs
     minutes, not the run."""
     log_every: int = 1
+    """Write the training scalars to TensorBoard every this many steps."""
+    progress_every: int = 1
+    """When stdout is not a terminal (a log file, nohup, a scheduler): print a plain progress line (step,
+    each agent's sampled train reward, s/step) every this many steps, in place of the progress bar (0: never)."""
     max_nonfinite_skips: int = 3
     """Consecutive training steps in which an agent may skip updates for a non-finite loss or
     gradient; one more such step in a row stops the run (0: stop at the first). See docs/reliability.md."""
@@ -275,6 +279,22 @@ class TrainConfig:
 DTYPES = ("float32", "bfloat16", "float16")
 STRATEGIES = ("auto", "single", "fsdp")
 PRECISIONS = ("32-true", "bf16-mixed")
+
+
+def flat_values(cfg: Any) -> Dict[str, Any]:
+    """A config dataclass as {dotted key: value}, keys as the command line names them (`agents.tiny_a.lr`);
+    lists stay values. What a comparison hashes and TensorBoard records as hparams."""
+    flat: Dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}{key}.", item)
+        else:
+            flat[prefix[:-1]] = value
+
+    walk("", asdict(cfg))
+    return flat
 
 
 def parse_cross_samples(value: Any) -> Optional[int]:
@@ -455,6 +475,7 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.checkpoint_every", tr.checkpoint_every, strict=False)
     c.positive("trainer.checkpoint_minutes", tr.checkpoint_minutes, strict=False)
     c.positive("trainer.log_every", tr.log_every)
+    c.positive("trainer.progress_every", tr.progress_every, strict=False)
     c.positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips, strict=False)
     if tr.mini_batch_prompts > 0 and cfg.data.prompts_per_step > 0:
         mini = tr.mini_batch_prompts

@@ -1,7 +1,9 @@
 """A quiet console: library chatter a user can do nothing about is silenced, genuine warnings still show.
 
-A run prints its run directory, a progress bar with each agent's reward, a line per held-out
-evaluation and the final table (`scripts/train.py`). `quiet_libraries()` removes, once per process,
+A run prints its run directory, a progress bar with each agent's train reward (sampled rollouts;
+when stdout is not a terminal, a plain line every `trainer.progress_every` steps instead,
+`callbacks/progress.py`), a line per held-out evaluation (greedy accuracy) and the final table
+(`scripts/train.py`). `quiet_libraries()` removes, once per process,
 exactly the messages below and nothing else:
 
 - Lightning's info lines: the litlogger tips, "GPU/TPU available", "LOCAL_RANK: ... CUDA_VISIBLE_DEVICES",

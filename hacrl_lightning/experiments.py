@@ -2,8 +2,10 @@
 
 An *arm* is a labelled set of training overrides (`hacpo` = `algorithm=hacpo`; `n3_cs2` = three
 agents, two partner samples per prompt). `plan_runs` crosses arms with seeds into `RunSpec`s, each
-with its own run directory; a run is finished when its `summary.json` exists (written atomically
-by `training.train`). `result_rows` turns summaries into one row per (arm, agent, seed);
+with its own run directory. A run is reused only when it finished (its `summary.json` exists, written
+atomically by `training.train`) under the same resolved config: `config_hash` hashes the resolved
+config (the text a run saves as `config.yaml`) without `HASH_IGNORES`, and a spec knows the hash its
+run must have. `result_rows` turns summaries into one row per (arm, agent, seed);
 `summarize` gives mean and Student-t 95% confidence intervals over seeds; `paired_gaps` compares
 each arm with a reference arm seed by seed (same seed = same prompt order and initial agents).
 
@@ -14,6 +16,7 @@ Deliberately not here: launching runs and Hydra (`scripts/compare.py` runs each 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 from collections import defaultdict
@@ -24,6 +27,31 @@ from typing import Any, Iterable, Sequence
 RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "rollouts_generated", "responses_trained",
                   "optimizer_updates", "wall_s", "n_agents", "steps", "step_s")
 """Columns of `results.csv`, one row per method (arm) x agent x seed."""
+
+HASH_IGNORES = ("run_dir", "resume", "overwrite", "zoo_cache", "trainer.progress_every")
+"""Keys that do not change what a run computes or reports: where it lives, how the command started it
+(fresh, resumed, overwriting), where the built tiny agents are cached, how often it prints a progress
+line. Every other resolved value counts (a key added to the schema later makes older runs stale)."""
+
+
+def resolved_values(config_yaml: str) -> dict[str, Any]:
+    """The typed values of a resolved config (the text of a run's `config.yaml`), flat (`agents.tiny_a.lr`),
+    without `HASH_IGNORES`; raises ValueError when the text is not a config of today's schema."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hacrl_lightning.config import TrainConfig, flat_values
+
+    try:
+        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.create(config_yaml)))
+    except OmegaConfBaseException as err:
+        raise ValueError(f"not a training config: {str(err).splitlines()[0]}") from None
+    return {key: value for key, value in flat_values(typed).items() if key not in HASH_IGNORES}
+
+
+def config_hash(values: dict[str, Any]) -> str:
+    """A short, stable hash of `resolved_values` (key order is the schema's, agents in config order)."""
+    return hashlib.sha256(json.dumps(values, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -39,6 +67,8 @@ class RunSpec:
     arm: Arm
     seed: int
     run_dir: Path
+    config_hash: str = ""
+    """The hash of the resolved config this run must have (`config_hash`); empty: not checked."""
 
     def overrides(self, common: Sequence[str] = ()) -> list[str]:
         """The `scripts/train.py` overrides of this run: shared ones first, then the arm's, seed, run dir."""
@@ -49,8 +79,34 @@ class RunSpec:
         return self.run_dir / "summary.json"
 
     @property
+    def log_path(self) -> Path:
+        """The run's console output, beside its directory (`seed0.log`): a fresh run's directory stays empty
+        until `scripts/train.py` fills it."""
+        return self.run_dir.with_name(f"{self.run_dir.name}.log")
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "config.yaml"
+
+    def saved_values(self) -> dict[str, Any] | None:
+        """`resolved_values` of the config the run saved (None: none saved, or unreadable)."""
+        try:
+            return resolved_values(self.config_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def same_config(self) -> bool:
+        """The run directory holds a run of this spec's config (any run when the spec has no hash)."""
+        if not self.config_hash:
+            return True
+        values = self.saved_values()
+        return values is not None and config_hash(values) == self.config_hash
+
+    @property
     def done(self) -> bool:
-        return self.summary_path.exists()
+        """Finished under this spec's config: its results may be reused."""
+        return self.summary_path.exists() and self.same_config
 
     def summary(self) -> dict[str, Any]:
         return json.loads(self.summary_path.read_text())
@@ -72,11 +128,17 @@ def scaling_arms(agent_sets: Iterable[Sequence[str]], cross_samples: Iterable[An
     return arms
 
 
+def duplicate_names(arms: Sequence[Arm]) -> list[str]:
+    """Arm names that occur more than once (two arms would share one run directory)."""
+    names = [arm.name for arm in arms]
+    return sorted({name for name in names if names.count(name) > 1})
+
+
 def plan_runs(arms: Sequence[Arm], seeds: Sequence[int], out: Path) -> list[RunSpec]:
     """Every arm x seed, seed-major (so a partial comparison already has every arm for its first seeds)."""
-    names = [arm.name for arm in arms]
-    if len(set(names)) != len(names):
-        raise ValueError(f"arm names must be unique, got {names}")
+    duplicates = duplicate_names(arms)
+    if duplicates:
+        raise ValueError(f"arm names must be unique, got {duplicates} more than once")
     return [RunSpec(arm, seed, out / "runs" / arm.name / f"seed{seed}") for seed in seeds for arm in arms]
 
 

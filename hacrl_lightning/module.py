@@ -107,7 +107,8 @@ class HACRLModule(pl.LightningModule):
     def report(self, metrics: Mapping[str, float], *, step: int | None = None) -> None:
         """The one way scalars reach the loggers. Without `step` they join this training step's single
         write (`on_train_batch_end`, every `log_every` steps); with `step` (evaluation before or between
-        steps) they are written at once at that step."""
+        steps) they are written at once at that step. One axis: steps done, so the scalars of the k-th
+        training step and the evaluation after it are both at k (the evaluation before training at 0)."""
         if step is None:
             self._pending.update(metrics)
             return
@@ -122,7 +123,7 @@ class HACRLModule(pl.LightningModule):
         metrics, self._pending = self._pending, {}
         every = self.trainer.log_every_n_steps
         if metrics and every and self.steps_done % every == 0:
-            self.report(metrics, step=self.steps_done - 1)
+            self.report(metrics, step=self.steps_done)
 
     # -- optimizers -----------------------------------------------------------------------------
 
@@ -206,7 +207,7 @@ class HACRLModule(pl.LightningModule):
         self.last_metrics = metrics
         self.report(metrics)
         for name in self.names:
-            self.log(f"{name[:8]}_reward", metrics[f"{name}/reward"], prog_bar=True, logger=False,
+            self.log(f"{name[:8]} train reward", metrics[f"{name}/reward"], prog_bar=True, logger=False,
                      on_step=True, on_epoch=False, batch_size=len(batch))
 
     # -- pieces of the step -----------------------------------------------------------------------

@@ -30,6 +30,8 @@ from hacrl_lightning.callbacks.capability import CapabilityCallback
 from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, StepCheckpoint, latest_checkpoint, resume_checkpoint
 from hacrl_lightning.callbacks.interrupt import RunInterrupted, StopOnSignal, catch_signals
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
+from hacrl_lightning.callbacks.hparams import ConfigHParams
+from hacrl_lightning.callbacks.progress import PlainProgress, interactive
 from hacrl_lightning.callbacks.timing import StepTimer
 from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
 from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
@@ -74,9 +76,10 @@ def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
 def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = None
                  ) -> tuple[HACRLModule, RolloutDataModule, list[pl.Callback], dict]:
     """The run's module, DataModule and core callbacks (capability window, clip schedule, weight sync,
-    step timer, held-out evaluation, stop on a signal, checkpoints), each given the values it uses; the
-    task loads once. Returns them and the callbacks by role (`timer`, `evaluation`, `stop`) for the
-    summary (`started`: the session's start for the run clock, default now)."""
+    step timer, plain progress lines when stdout is not a terminal, held-out evaluation, stop on a signal,
+    checkpoints), each given the values it uses; the task loads once. Returns them and the callbacks by
+    role (`timer`, `evaluation`, `stop`) for the summary (`started`: the session's start for the run
+    clock, default now)."""
     task = load_task(cfg.data)
     agents = load_agents(cfg, task)
     names = list(agents)
@@ -94,6 +97,8 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
         clip_schedule,
         WeightSyncCallback(),
         roles["timer"],  # after weight sync (part of a step), before evaluation (not part of it)
+        *([] if interactive() else [PlainProgress(every=cfg.trainer.progress_every, steps=cfg.trainer.steps,
+                                                  timer=roles["timer"])]),
         roles["evaluation"],
         # last: it saves the step after the stop decision
         StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every, steps=cfg.trainer.steps,
@@ -107,9 +112,10 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, callbacks: list[pl.Callback])
     tr = cfg.trainer
     return pl.Trainer(
         accelerator=tr.accelerator, devices=tr.devices, num_nodes=tr.num_nodes, strategy=make_strategy(tr),
-        precision=lightning_precision(tr), max_epochs=1, logger=logger, callbacks=callbacks,
+        precision=lightning_precision(tr), max_epochs=1, logger=logger, callbacks=[*callbacks, ConfigHParams(cfg)],
         log_every_n_steps=tr.log_every, enable_checkpointing=False, use_distributed_sampler=False,
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir),
+        enable_progress_bar=interactive(),  # not a terminal: PlainProgress prints lines instead
     )
 
 

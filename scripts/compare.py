@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -82,21 +82,32 @@ def parse_args(argv: list[str]) -> tuple[CompareConfig, list[str]]:
 
 
 def plan(cfg: CompareConfig) -> tuple[list[ex.Arm], Path]:
+    """The arms and the output directory; an arm named twice (it would share one run directory) is refused."""
     if cfg.study == "scaling":
         arms = ex.scaling_arms(cfg.agent_sets, cfg.cross_samples)
+        key, fix = "agent_sets / cross_samples", ("arms are named by agent count and partner samples (n2, n2_cs2): "
+                                                  "give one agent set per size and each cross_samples value once")
     else:
         arms = ex.method_arms([*cfg.methods, *cfg.ablations])
+        key, fix = "methods / ablations", "name each method once, in methods or in ablations"
+    duplicates = ex.duplicate_names(arms)
+    if duplicates:
+        raise ConfigError([Problem(key, duplicates, "each arm once", fix)])
     out = Path(cfg.out or REPO_ROOT / "runs" / "compare" / cfg.study).resolve()
     return arms, out
 
 
-def check_runs(specs: list[ex.RunSpec], training: list[str]) -> None:
-    """Compose and validate every run before the first starts; raise one ConfigError with all problems."""
+def check_runs(specs: list[ex.RunSpec], training: list[str]) -> tuple[list[ex.RunSpec], dict[Path, dict]]:
+    """Compose and validate every run before the first starts; raise one ConfigError with all problems.
+    Returns the specs with the hash of their resolved config, and each run directory's resolved values."""
     problems: list[Problem] = []
     seen: set[str] = set()
+    hashed, values = [], {}
     for spec in specs:
         try:
-            compose_config(spec.overrides(training))
+            _, dcfg = compose_config(spec.overrides(training))
+            values[spec.run_dir] = ex.resolved_values(OmegaConf.to_yaml(dcfg, resolve=True))  # as train.py saves it
+            hashed.append(replace(spec, config_hash=ex.config_hash(values[spec.run_dir])))
         except ConfigError as err:
             for problem in err.problems:
                 text = f"[{spec.arm.name}] {problem}"
@@ -105,20 +116,35 @@ def check_runs(specs: list[ex.RunSpec], training: list[str]) -> None:
                     problems.append(Problem(f"{spec.arm.name}: {problem.key}", problem.value, problem.allowed, problem.fix))
     if problems:
         raise ConfigError(problems)
+    return hashed, values
 
 
 def command(spec: ex.RunSpec, training: list[str]) -> list[str]:
-    """The `scripts/train.py` command of a run; an interrupted run resumes from its newest checkpoint."""
+    """The `scripts/train.py` command of an unfinished run: an interrupted run of the same config resumes
+    from its newest checkpoint; any other run in its directory (another config, or failed before its first
+    checkpoint) is overwritten, its stale `summary.json` removed first so a failed re-run never reads as done."""
     from hacrl_lightning.callbacks.checkpoint import latest_checkpoint  # Lightning: loaded once a run starts
 
     args = spec.overrides(training)
-    checkpoints = spec.run_dir / "checkpoints"
-    if checkpoints.is_dir():
+    if spec.same_config and (spec.run_dir / "checkpoints").is_dir():
         try:
-            args.append(f"resume={latest_checkpoint(checkpoints)}")
+            return [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args,
+                    f"resume={latest_checkpoint(spec.run_dir / 'checkpoints')}"]
         except FileNotFoundError:
             pass
+    if spec.run_dir.is_dir() and any(spec.run_dir.iterdir()):
+        spec.summary_path.unlink(missing_ok=True)
+        args.append("overwrite=true")
     return [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args]
+
+
+def changes(saved: dict | None, wanted: dict) -> str:
+    """What differs between a run's saved config and this command's, for the console (a few keys)."""
+    if saved is None:
+        return "no readable config.yaml"
+    keys = [key for key in dict.fromkeys([*wanted, *saved]) if saved.get(key, "(unset)") != wanted.get(key, "(unset)")]
+    shown = ", ".join(f"{key} {saved.get(key, '(unset)')} -> {wanted.get(key, '(unset)')}" for key in keys[:3])
+    return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
 def write_outputs(cfg: CompareConfig, specs: list[ex.RunSpec], out: Path, training: list[str]) -> dict[str, Path]:
@@ -142,27 +168,36 @@ def write_outputs(cfg: CompareConfig, specs: list[ex.RunSpec], out: Path, traini
 
 def _describe(spec: ex.RunSpec) -> str:
     if not spec.done:
-        return "failed (see train.log)"
+        return f"failed (see {spec.log_path})"
     summary = spec.summary()
     accs = ", ".join(f"{name} {row['initial'].get('acc', 0):.2f}->{row['final'].get('acc', 0):.2f}"
                      for name, row in summary["agents"].items())
     return f"{accs} ({summary['wall_s']:.0f} s)"
 
 
-def run_all(cfg: CompareConfig, specs: list[ex.RunSpec], training: list[str], out: Path) -> int:
-    """Run the unfinished specs, `cfg.jobs` at a time, with a progress line per start and finish."""
+def run_all(cfg: CompareConfig, specs: list[ex.RunSpec], training: list[str], out: Path,
+            wanted: dict[Path, dict]) -> int:
+    """Run the specs not finished under their config, `cfg.jobs` at a time, with a line per start and finish
+    (`wanted`: each run directory's resolved values, to say why a finished run is re-run)."""
     todo = [spec for spec in specs if not spec.done]
     print(f"{len(specs)} runs ({len(specs) - len(todo)} already finished) -> {out}")
+    for spec in todo:
+        if spec.config_path.exists() and not spec.same_config:
+            print(f"  stale  {spec.arm.name} seed={spec.seed}: ran under another config "
+                  f"({changes(spec.saved_values(), wanted[spec.run_dir])}); re-running it from the start")
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // cfg.jobs)))
     running: list[tuple[ex.RunSpec, subprocess.Popen, Any]] = []
     started, finished, failed = time.perf_counter(), 0, 0
     while todo or running:
         while todo and len(running) < cfg.jobs:
             spec = todo.pop(0)
-            spec.run_dir.mkdir(parents=True, exist_ok=True)
-            log = (spec.run_dir / "train.log").open("a")
-            running.append((spec, subprocess.Popen(command(spec, training), stdout=log, stderr=subprocess.STDOUT,
-                                                   env=env, cwd=REPO_ROOT), log))
+            args = command(spec, training)
+            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = spec.log_path.open("a")
+            log.write(f"$ {' '.join(args)}\n")
+            log.flush()
+            running.append((spec, subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT),
+                            log))
             print(f"  start  {spec.arm.name} seed={spec.seed}", flush=True)
         time.sleep(0.5)
         for item in [item for item in running if item[1].poll() is not None]:
@@ -187,19 +222,18 @@ def main(argv: list[str]) -> int:
     try:
         cfg, training = parse_args(argv)
         arms, out = plan(cfg)
-        specs = ex.plan_runs(arms, cfg.seeds, out)
-        check_runs(specs, training)
+        specs, wanted = check_runs(ex.plan_runs(arms, cfg.seeds, out), training)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    failed = run_all(cfg, specs, training, out)
+    failed = run_all(cfg, specs, training, out, wanted)
     paths = write_outputs(cfg, specs, out, training)
     if paths:
         print((out / "results.md").read_text())
         print("outputs: " + ", ".join(str(p) for p in paths.values()))
     if failed:
-        print(f"error: {failed} run(s) failed; their logs are <run dir>/train.log. Re-run the same command to retry "
-              "them (finished runs are kept).", file=sys.stderr)
+        print(f"error: {failed} run(s) failed; their logs are <out>/runs/<method>/seed<k>.log. Re-run the same command "
+              "to retry them (finished runs are kept).", file=sys.stderr)
         return 1
     return 0
 

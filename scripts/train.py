@@ -69,8 +69,8 @@ def main(argv: list[str]) -> int:
 
 
 def print_summary(summary: dict) -> None:
-    """The final table: held-out accuracy before and after, and the cost of each agent."""
-    rows = [("agent", "acc before", "acc after", "rollouts", "trained on", "updates")]
+    """The final table: held-out accuracy (greedy decoding) before and after, and the cost of each agent."""
+    rows = [("agent", "held-out acc (greedy) before", "held-out acc (greedy) after", "rollouts", "trained on", "updates")]
     for name, row in summary["agents"].items():
         rows.append((name, f"{row['initial'].get('acc', float('nan')):.3f}", f"{row['final'].get('acc', float('nan')):.3f}",
                      str(row["rollouts_generated"]), str(row["responses_trained"]), str(row["optimizer_updates"])))

@@ -113,5 +113,5 @@ def test_each_step_is_written_to_the_logger_once_with_the_callbacks_scalars(tmp_
                  "tiny_b/capability", "tiny_a/loss/total", "time/update"}
     assert step_tags <= tags, step_tags - tags
     for tag in step_tags:
-        assert [e.step for e in events.Scalars(tag)] == [0, 1, 2], tag
+        assert [e.step for e in events.Scalars(tag)] == [1, 2, 3], tag  # steps done (docs/training.md)
     assert events.Scalars("clip/cross_lower_first")[0].value == pytest.approx(0.8)  # 1 - delta

@@ -1,4 +1,5 @@
-"""scripts/compare.py and hacrl_lightning.experiments: statistics by hand, a quick real comparison, resume."""
+"""scripts/compare.py and hacrl_lightning.experiments: statistics by hand, a quick real comparison, resume,
+reuse only under the same resolved config."""
 
 from __future__ import annotations
 
@@ -77,6 +78,34 @@ def test_compare_rejects_unknown_method_before_running(tmp_path, script_main, ca
     assert not (out / "runs").exists()
 
 
+@pytest.mark.parametrize("args, key", [(["methods=[hacpo,grpo,hacpo]"], "methods"),
+                                       (["methods=[hacpo]", "ablations=[hacpo]"], "ablations"),
+                                       (["study=scaling", "agent_sets=[[tiny_a,tiny_b],[tiny_c,tiny_d]]"], "agent_sets")])
+def test_compare_refuses_an_arm_named_twice_before_running(tmp_path, script_main, capsys, args, key):
+    """Two arms of one name would share one run directory: a config error naming the key, not a traceback."""
+    out = tmp_path / "cmp"
+    assert script_main("compare")([*args, "seeds=[0]", f"out={out}"]) == 2
+    stderr = capsys.readouterr().err
+    assert key in stderr and "each arm once" in stderr
+    assert not out.exists()
+
+
+def test_resolved_values_hash_every_value_but_where_the_run_lives():
+    from omegaconf import OmegaConf
+
+    from hacrl_lightning.cli import compose_config
+
+    def values(*overrides):
+        return ex.resolved_values(OmegaConf.to_yaml(compose_config(list(overrides))[1], resolve=True))
+
+    base = values("run_dir=/a")
+    assert base["algorithm.name"] == "hacpo" and base["agents.tiny_a.lr"] > 0 and "run_dir" not in base
+    assert ex.config_hash(base) == ex.config_hash(values("run_dir=/b", "overwrite=true", "zoo_cache=/z",
+                                                                 "trainer.progress_every=5"))
+    for change in ("trainer.steps=3", "agents.tiny_b.lr=3e-4", "algorithm=grpo", "data.eval_size=4", "seed=1"):
+        assert ex.config_hash(values("run_dir=/a", change)) != ex.config_hash(base), change
+
+
 def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_cache, script_main, capsys,
                                                                  monkeypatch):
     for name in ("tiny_a", "tiny_b"):  # build once here, not in two racing subprocesses
@@ -103,10 +132,37 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
             image.verify()
             assert image.format == "PNG" and image.size[0] > 300
 
-    # the same command again (its `main` in this process: no run is left to start a subprocess for)
-    summary = out / "runs" / "hacpo" / "seed1" / "summary.json"
-    stamp = summary.stat().st_mtime_ns
-    monkeypatch.setattr(sys, "argv", ["scripts/compare.py", *QUICK, f"out={out}"])
-    assert script_main("compare")(sys.argv[1:]) == 0
+    assert (out / "runs" / "hacpo" / "seed0.log").read_text().startswith("$ ")  # the log beside the run dir
+
+    # the same command again (its `main` in this process): every run is reused, no process is started
+    summaries = {(m, s): out / "runs" / m / f"seed{s}" / "summary.json" for m in ("grpo", "hacpo") for s in (0, 1)}
+    stamps = {key: path.stat().st_mtime_ns for key, path in summaries.items()}
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"compare started a process: {args}")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(subprocess, "Popen", no_process)
+        patch.setattr(sys, "argv", ["scripts/compare.py", *QUICK, f"out={out}"])
+        assert script_main("compare")(sys.argv[1:]) == 0
     assert "4 runs (4 already finished)" in capsys.readouterr().out
-    assert summary.stat().st_mtime_ns == stamp
+    assert {key: path.stat().st_mtime_ns for key, path in summaries.items()} == stamps
+
+    # another setting for one run (grpo, seed 1): that run is re-run, and its results are the new setting's
+    changed = [arg for arg in QUICK if not arg.startswith(("methods=", "seeds=", "trainer.steps="))]
+    assert script_main("compare")(["methods=[grpo]", "seeds=[1]", "trainer.steps=3", *changed, f"out={out}"]) == 0
+    console = capsys.readouterr().out
+    assert "1 runs (0 already finished)" in console and "stale  grpo seed=1" in console and "trainer.steps 2 -> 3" in console
+    with (out / "results.csv").open() as handle:
+        assert [(r["method"], r["seed"], r["steps"]) for r in csv.DictReader(handle)] == [("grpo", "1", "3")] * 2
+    assert "Finished runs: 1 of 1" in (out / "results.md").read_text()
+
+    # the first command again: only the run it no longer matches (grpo, seed 1) is re-run
+    assert script_main("compare")([*QUICK, f"out={out}"]) == 0
+    console = capsys.readouterr().out
+    assert "4 runs (3 already finished)" in console and "trainer.steps 3 -> 2" in console
+    assert [line.split()[1:3] for line in console.splitlines() if line.startswith("  start")] == [["grpo", "seed=1"]]
+    assert {key: path.stat().st_mtime_ns for key, path in summaries.items() if key != ("grpo", 1)} == {
+        key: stamp for key, stamp in stamps.items() if key != ("grpo", 1)}
+    with (out / "results.csv").open() as handle:
+        assert {r["steps"] for r in csv.DictReader(handle)} == {"2"}

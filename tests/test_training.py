@@ -188,7 +188,7 @@ def test_train_script_end_to_end(tmp_path, zoo_cache):
          "trainer.eval_samples=3", f"zoo_cache={zoo_cache}", f"run_dir={run}"],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "acc before" in result.stdout and str(run) in result.stdout
+    assert "held-out acc (greedy) before" in result.stdout and str(run) in result.stdout
     assert [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("eval step")] == [
         "eval step 0", "eval step 1", "eval step 2"]
     console = result.stdout + result.stderr  # a quiet console: none of the libraries' chatter (hacrl_lightning/console.py)

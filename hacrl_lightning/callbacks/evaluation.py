@@ -2,7 +2,8 @@
 
 Greedy accuracy per agent (and avg@k / pass@k when `samples > 1`), printed as one line per evaluation
 (rank zero), logged as `{agent}/eval/acc`
-etc. (through the module's `report`) and kept as a history of (step, rollouts generated so far, scores) that resumes with the run
+etc. (through the module's `report`) at the number of steps done (0 before training; the k-th step's
+training scalars are at k too) and kept as a history of (step, rollouts generated so far, scores) that resumes with the run
 and feeds `summary.json` and the comparison plots. The generation itself is the DataModule's.
 """
 
