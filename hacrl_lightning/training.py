@@ -197,7 +197,11 @@ def _record_start(run_dir: Path, cfg: TrainConfig, config_yaml: str | None, *, c
                   source: Path | None, skipped: list, changes: dict) -> None:
     """Rank zero, once training is about to start: the config files, and what a resume skipped or changed."""
     for path, reason in skipped:
-        print(f"resume: {path} does not load ({reason}); using {source} instead", file=sys.stderr)
+        aside = ""
+        if continuing:  # our own run: keep the damaged file, under a name no later resume picks
+            path.rename(path.with_name(path.name + ".damaged"))
+            aside = f" (kept as {path.name}.damaged)"
+        print(f"resume: {path} does not load ({reason}); using {source} instead{aside}", file=sys.stderr)
     if changes:
         print("resume: changed " + ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items()))
     if config_yaml is not None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hacrl_lightning.agents.sources import AgentLoadError
 from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
 from hacrl_lightning.cli import compose_config
 from hacrl_lightning.config import TrainConfig
@@ -177,7 +178,7 @@ def test_a_failure_before_training_leaves_no_run_directory(tmp_path, zoo_cache):
             (broken / file.name).write_bytes(file.read_bytes())
     run = tmp_path / "run"
     cfg = config(run, zoo_cache, "trainer.steps=1", f"agents.tiny_a.model={broken}")
-    with pytest.raises(Exception):
+    with pytest.raises(AgentLoadError, match="no file named model.safetensors"):
         train(cfg)
     assert not run.exists()
 
@@ -193,7 +194,7 @@ def test_resume_changes_refuse_what_alters_the_run_and_record_the_rest(zoo_cache
     assert problems == []
     assert changes == {"trainer.eval_every": (0, 2), "trainer.log_every": (1, 3), "data.reward_workers": (0, 1)}
 
-    altered = config(tmp_path, zoo_cache, "trainer.steps=4", "rollout.group_size=4", "agents.tiny_b.lr=1e-4",
+    altered = config(tmp_path, zoo_cache, "trainer.steps=4", "rollout.group_size=4", "agents.tiny_b.lr=7e-4",
                      "algorithm=gspo_x2", "data.prompts_per_step=8")
     problems, _ = resume_changes(saved, altered, at_step=2, completed=False)
     keys = {problem.key for problem in problems}
@@ -225,7 +226,7 @@ def test_a_larger_trainer_steps_extends_a_finished_run_exactly(tmp_path, zoo_cac
     assert extended["resume_changes"] == {"trainer.steps": [2, 3], "trainer.eval_every": [0, 3]}
     for name in ("tiny_a", "tiny_b"):
         assert extended["agents"][name]["optimizer_updates"] == straight["agents"][name]["optimizer_updates"]
-    want, got = weights(latest_checkpoint(tmp_path / "straight" / "run")), weights(latest_checkpoint(run))
+    want, got = weights(latest_checkpoint(tmp_path / "straight")), weights(latest_checkpoint(run))
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
 
 
@@ -241,7 +242,7 @@ def test_resume_from_another_runs_checkpoint_forks_and_never_writes_into_that_ru
     assert (fork / "config.json").is_file() and (fork / "summary.json").is_file()
 
 
-def test_a_damaged_newest_checkpoint_is_skipped_with_a_message_and_replaced(tmp_path, zoo_cache, capsys):
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_message_and_kept_aside(tmp_path, zoo_cache, capsys):
     run = tmp_path / "run"
     # the minutes cadence (here a few milliseconds) checkpoints after every step without checkpoint_every
     first = train(config(run, zoo_cache, "trainer.steps=2", "trainer.checkpoint_minutes=0.0001"))
@@ -256,7 +257,9 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_message_and_replaced(tmp_
     assert summary["resumed_from"].endswith("step_0000001.ckpt")
     assert summary["skipped_checkpoints"] == [str(newest)]
     assert summary["steps"] == 3 and summary["agents"]["tiny_a"]["optimizer_updates"] == 3 * UPDATES_PER_STEP
-    assert torch.load(newest, weights_only=False)["hacrl"]["steps_done"] == 2  # written again, whole
+    assert sorted(p.name for p in newest.parent.iterdir()) == [  # kept aside, where no later resume picks it
+        "step_0000001.ckpt", "step_0000002.ckpt.damaged", "step_0000003.ckpt"]
+    assert latest_checkpoint(run).name == "step_0000003.ckpt"
 
 
 def test_the_default_config_checkpoints_on_a_time_cadence():

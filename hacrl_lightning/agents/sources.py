@@ -71,7 +71,11 @@ def fetch(loader: Callable[..., Any], source: str, *, agent: str, key: str, **kw
                 f"agent {agent!r}: {key}={source!r} is not a directory. Fix: point {key} at a directory "
                 f"holding config.json and the weights (e.g. one written by `{hub.download_command()}` or Agent.export)."
             )
-        return loader(path, **kwargs)
+        try:
+            return loader(path, **kwargs)
+        except OSError as err:  # e.g. no weights file, or a file cut short
+            raise AgentLoadError(f"agent {agent!r}: {key}={source!r} does not load: {str(err).splitlines()[0]} Fix: "
+                                 f"point {key} at a complete model directory (config.json, tokenizer, weights)") from err
     try:
         return loader(source, local_files_only=True, **kwargs)
     except OSError:

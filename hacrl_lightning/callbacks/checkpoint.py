@@ -174,7 +174,7 @@ class StepCheckpoint(Callback):
         path = checkpoint_path(self.directory, step)
         if trainer.is_global_zero:
             self.directory.mkdir(parents=True, exist_ok=True)
-        save_atomically(trainer, path)  # replaces a damaged file of this step left by an earlier session
+        save_atomically(trainer, path)
         self._saved_step, self._last_save = step, time.monotonic()
         if trainer.is_global_zero:
             old = _checkpoints(self.directory)
