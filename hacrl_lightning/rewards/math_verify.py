@@ -19,7 +19,8 @@ answer (a few dozen characters, nesting 2-4, exponents in the hundreds).
 math-verify's own timeouts use `signal.alarm`, which fails off the main thread; they are disabled
 here. Deliberately not here: a hard time limit and crash isolation, which `RewardPool` (pool.py)
 provides by running this function in worker processes that it kills when an item overruns; the
-guards are heuristics that make the known hostile shapes cheap, the pool is the guarantee.
+guards are heuristics that make the known hostile shapes cheap (a symbolic `(x+1)^{99999}` passes
+them, and sympy hangs expanding it), the pool is the guarantee.
 """
 
 from __future__ import annotations
