@@ -185,7 +185,7 @@ class DataConfig:
     """Reward function by registered name (`exact_match`, `math_verify`)."""
     reward_workers: int = 0
     """Worker processes that score rewards with a hard per-item timeout (`RewardPool`); 0 scores
-    in-process with no timeout (fine for exact_match; use 2+ for math_verify on model output)."""
+    in-process with no timeout (fine for exact_match; `data=math` and `data=gsm8k` set 2 for math_verify)."""
     reward_timeout_s: float = 5.0
     """Seconds one response may take to score in a worker; an overrun scores 0.0 and is counted."""
     prompts_per_step: int = 8

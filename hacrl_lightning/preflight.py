@@ -14,7 +14,9 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
 - each agent's tokenizer (cheap to load; a `zoo:` preset is built once and cached): it must have a
   chat template and an EOS token, round-trip the task's texts exactly (HACPO_SPEC §8), fit the
   longest sampled task prompt, in its own chat template, in `max_prompt_len`, and fit the longest
-  sampled answer (plus EOS) in `max_response_len`;
+  sampled answer (plus EOS) in `max_response_len`. A text longer than its limit times
+  CHARS_PER_TOKEN_BOUND characters is refused by its length alone, never tokenized (the loaders
+  refuse a text over `MAX_TEXT_CHARS`, naming its file and row, before that);
 - that each agent's tokenizer is its model's (`_vocab_problems`): no id beyond the model's embedding
   (`vocab_size` of its config.json), and, where `tokenizer` overrides a model directory that holds a
   tokenizer of its own, the same ids as that one for the task's texts;
@@ -54,6 +56,10 @@ from hacrl_lightning.rollout.engine import BACKENDS
 
 SAMPLE_PROMPTS = 64
 """Task examples per split whose prompt and answer lengths are checked against each agent's limits."""
+CHARS_PER_TOKEN_BOUND = 32
+"""More characters than any tokenizer packs into one token of real text (English averages ~4): a sampled
+prompt or answer longer than its token limit times this cannot fit, and is refused by its length alone,
+never tokenized (tokenizing a 50 MB prompt took 564 s and 12.8 GB)."""
 DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".txt", ".arrow")
 """A data entry ending in one of these (or starting like a path) is a local file that must exist."""
 
@@ -373,6 +379,20 @@ def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers
         _vocab_problems(key, tokenizer_key, model, source, tokenizer, cfg, [*prompts, *answers])
 
 
+def _overlong(key: str, field: str, limit: int, texts: Sequence[str], what: str) -> Optional[Problem]:
+    """A problem when the longest of `texts` has more characters than `limit` tokens can hold; reads
+    lengths only (a 50 MB prompt is refused in microseconds)."""
+    longest = max(texts, key=len, default="")
+    if len(longest) <= limit * CHARS_PER_TOKEN_BOUND:
+        return None
+    return Problem(f"{key}.{field}", limit,
+                   f"sampled task {what}s of at most {limit * CHARS_PER_TOKEN_BOUND:,} characters "
+                   f"({CHARS_PER_TOKEN_BOUND} a token at most; ~4 is usual), measured in tokens",
+                   f"a sampled {what} has {len(longest):,} characters (it begins {longest[:40]!r}): shorten it "
+                   f"or drop that problem from the data files; if {what}s this long are meant, set "
+                   f"{key}.{field}={-(-len(longest) // CHARS_PER_TOKEN_BOUND)} or more to have it measured")
+
+
 def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cfg: AgentConfig,
                         prompts: Sequence[str], answers: Sequence[str]) -> List[Problem]:
     from hacrl_lightning.agents.agent import render_chat_prompts
@@ -386,6 +406,10 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
                                 f"the tokenizer of {source!r} has none: set {key}.chat_template"))
     if tokenizer.eos_token_id is None:
         problems.append(Problem(tokenizer_key, source, "a tokenizer with an eos_token", f"set {key}.tokenizer"))
+    overlong = [p for p in (_overlong(key, "max_prompt_len", cfg.max_prompt_len, prompts, "prompt"),
+                            _overlong(key, "max_response_len", cfg.max_response_len, answers, "answer")) if p]
+    if overlong:  # nothing is tokenized: the data must change first
+        return problems + overlong
     texts = [*prompts, *answers]
     lossy = next((t for t, ids in zip(texts, encode_text(tokenizer, texts)) if decode_text(tokenizer, ids) != t), None)
     if lossy is not None:

@@ -6,6 +6,7 @@ The fault-injecting reward lives in tests/reward_faults.py so the workers can im
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from hacrl_lightning.cli import compose_config
 from hacrl_lightning.errors import ConfigError
 from hacrl_lightning.rewards import RewardPool, math_verify_reward
 from reward_faults import char_parity, faulty_reward
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def well_behaved(i: int) -> tuple[str, str, float]:
@@ -36,7 +39,8 @@ ADVERSARIAL = {
     "megabyte_text": "x" * 1_000_000 + " \\boxed{6}",
     "megabyte_box": "\\boxed{" + "1" * 1_000_000 + "}",
     "nested_braces": "\\boxed{" + "{" * 5_000 + "1" + "}" * 5_000 + "}",
-    "power_tower": "\\boxed{9^{9^{9^{9}}}}",
+    "power_tower": "\\boxed{9^{9^{9^{9}}}}",                  # refused by math_verify's guards at once
+    "symbolic_power": "\\boxed{(x+1)^{99999}}",               # passes the guards; sympy hangs expanding it
     "nested_fracs": "\\boxed{" + "\\frac{1}{" * 300 + "2" + "}" * 300 + "}",
     "empty_box_spam": "\\boxed{}" * 100_000,
 }
@@ -60,13 +64,13 @@ def test_thousand_responses_with_adversarial_ones_match_a_serial_run(caplog):
     assert len(scores) == n
     assert [scores[i] for i in ordinary] == serial
     assert all(scores[i] == 0.0 for i in slots.values())
-    # only hostile items failed; sympy never finishes 9^(9^(9^9)), so that one surely timed out
+    # only hostile items failed; sympy never finishes expanding (x+1)^99999, so that one surely timed out
     assert set(pool.failures) <= set(slots.values())
-    assert pool.failures[slots["power_tower"]] == "timeouts"
+    assert pool.failures[slots["symbolic_power"]] == "timeouts"
     assert pool.stats["timeouts"] == sum(kind == "timeouts" for kind in pool.failures.values())
     assert pool.stats["crashes"] == pool.stats["errors"] == 0
     assert pool.stats["items"] == n
-    assert f"item {slots['power_tower']} of the batch timed out after 2 s" in caplog.text
+    assert f"item {slots['symbolic_power']} of the batch timed out after 2 s" in caplog.text
     assert pool._pool is None  # closed by the context manager
 
 
@@ -110,6 +114,22 @@ def test_config_keys_are_validated_together():
     assert "0 scores in-process" in problems["data.reward_workers"].fix
     cfg, _ = compose_config(["data.reward=math_verify", "data.reward_workers=2", "data.reward_timeout_s=2.5"])
     assert (cfg.data.reward, cfg.data.reward_workers, cfg.data.reward_timeout_s) == ("math_verify", 2, 2.5)
+
+
+MATH_CONFIGS = [["data=math"], ["data=gsm8k"], *[[f"experiment={path.stem}"] for path in
+                                                  sorted((REPO / "configs" / "experiment").glob("paper_*.yaml"))]]
+
+
+@pytest.mark.parametrize("overrides", MATH_CONFIGS, ids=lambda overrides: overrides[0])
+def test_every_math_config_scores_model_output_in_the_pool(overrides):
+    """math-verify on model output can hang sympy; only the pool's timeout bounds that (the guards are heuristics)."""
+    cfg, _ = compose_config(overrides)
+    assert cfg.data.reward == "math_verify" and cfg.data.reward_workers >= 1
+
+
+def test_the_synthetic_default_scores_exact_match_in_process():
+    cfg, _ = compose_config([])
+    assert (cfg.data.name, cfg.data.reward, cfg.data.reward_workers) == ("synthetic", "exact_match", 0)
 
 
 def test_datamodule_scores_rollouts_and_evaluation_through_the_pool(zoo_cache):

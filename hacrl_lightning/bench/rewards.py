@@ -29,7 +29,8 @@ def add_arguments(parser) -> None:
 
 def math_items(n: int, adversarial: int) -> tuple[list[str], list[str], list[str]]:
     """n (response, gold) pairs of unique ordinary answers (fractions, decimals, sets, ...) and the
-    indices' kinds, with `adversarial` hostile responses (power towers, nested braces) spread through."""
+    indices' kinds, with `adversarial` hostile responses (symbolic powers that pass math_verify's input
+    guards and still hang sympy: what the pool's timeout is for) spread through."""
     responses, golds, kinds = [], [], []
     for i in range(n):
         a, b = i + 2, i + 3
@@ -39,7 +40,7 @@ def math_items(n: int, adversarial: int) -> tuple[list[str], list[str], list[str
             (f"\\boxed{{({a}, {b}]}}", f"({a},{b})"), (f"$x = {a}$, \\boxed{{x^2 + {a}}}", f"{a} + x^2"),
         ][i % 6]
         responses.append(response), golds.append(gold), kinds.append("ordinary")
-    hostile = ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{" + "{" * 5_000 + "1" + "}" * 5_000 + "}"]
+    hostile = ["\\boxed{(x+1)^{99999}}", "\\boxed{(x-2)^{88888}}"]
     for k in range(adversarial):
         index = (k * n) // max(1, adversarial) + 1
         responses[index], golds[index], kinds[index] = hostile[k % 2], "5", "adversarial"

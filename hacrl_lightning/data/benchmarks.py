@@ -35,6 +35,10 @@ from hacrl_lightning.rewards.exact_match import extract_boxed
 PROMPT_TEMPLATE = "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 """The one prompt of every math benchmark; `{question}` is the problem statement."""
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+MAX_TEXT_CHARS = 1_000_000
+"""Longest question, solution or answer read from a file: about 250,000 tokens at ~4 characters a token,
+past any model's context (MATH problems are under 5,000 characters). A longer one is refused at load,
+before a tokenizer spends minutes and gigabytes on it."""
 
 
 @dataclass(frozen=True)
@@ -189,12 +193,21 @@ def _column(path, row: int, record: dict[str, Any], column: str, layout: str) ->
 
 def _text(path, row: int, column: str, value: Any, *, numbers: bool = False) -> str:
     if isinstance(value, str) and value.strip():
-        return value.strip()
+        return _bounded(path, row, column, value.strip())
     if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(int(value)) if float(value).is_integer() else str(value)
     kind = "a non-empty string" + (" or a number" if numbers else "")
     raise DataFormatError(path, f"has {type(value).__name__} {str(value)[:60]!r} where {kind} is expected",
                           f"store {column!r} as {kind}", row=row, column=column)
+
+
+def _bounded(path, row: int, column: str, text: str) -> str:
+    if len(text) > MAX_TEXT_CHARS:
+        raise DataFormatError(path, f"holds {len(text):,} characters (about {len(text) // 4:,} tokens; at most "
+                              f"{MAX_TEXT_CHARS:,} are read, more than any model's context)",
+                              f"shorten row {row} or drop it from the file (a prompt must fit the agents' "
+                              "max_prompt_len, e.g. 1024 tokens, about 4,000 characters)", row=row, column=column)
+    return text
 
 
 def gold_answer(spec: Benchmark, value: Any, *, path="<hub>", row: int = 0) -> str:
@@ -250,7 +263,7 @@ def verl_example(record: dict[str, Any], *, path, row: int, default_source: str)
         raise DataFormatError(path, f"'prompt' has roles {roles}: only system and user messages, ending with the "
                               "user's, make a single-turn question", "keep one user message (after an optional "
                               "system message)", row=row, column="prompt")
-    prompt = "\n\n".join(m["content"].strip() for m in messages)
+    prompt = _bounded(path, row, "prompt", "\n\n".join(m["content"].strip() for m in messages))
     reward_model = record["reward_model"]
     if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
         raise DataFormatError(path, f"'reward_model' is {str(reward_model)[:60]!r} without a 'ground_truth'",

@@ -1,11 +1,12 @@
 """RewardPool: score a batch of (response, gold) pairs in worker processes with a hard per-item timeout.
 
-A reward function run on model output can hang (sympy on `9^{9^{9^{9}}}`) or take its process down
-(a segfault in a C extension). The pool runs every item as its own task on `pebble.ProcessPool`,
-which starts an item's clock when a worker picks it up, kills the worker when the item overruns,
-and replaces dead or killed workers. Such an item scores 0.0, is counted in `stats` (`timeouts`,
-`crashes`; a Python exception counts as `errors`) and is logged with its index and cause; every
-other item of the batch is scored normally, so results equal a serial run wherever nothing failed.
+A reward function run on model output can hang (sympy expanding `(x+1)^{99999}`, which math_verify's
+input guards let through) or take its process down (a segfault in a C extension). The pool runs
+every item as its own task on `pebble.ProcessPool`, which starts an item's clock when a worker
+picks it up, kills the worker when the item overruns, and replaces dead or killed workers. Such an
+item scores 0.0, is counted in `stats` (`timeouts`, `crashes`; a Python exception counts as
+`errors`) and is logged with its index and cause; every other item of the batch is scored
+normally, so results equal a serial run wherever nothing failed.
 
 `workers=0` scores in-process (no pool, no timeout: for cheap rewards such as exact match).
 Deliberately not here: the reward math (`math_verify.py`, `exact_match.py`) and which items to
