@@ -127,7 +127,8 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
     run unless this resumes it or `cfg.overwrite`); a resume is checked against the run's saved
     `config.json` (`resume.resume_changes`) and starts from the newest checkpoint that loads. A `resume`
     from another run's directory forks that run into `cfg.run_dir` (the other run is only read). Any
-    failure before training starts removes the directory again if this run created it.
+    failure (or signal) before training starts (Lightning's `on_train_start`) removes the directory
+    again if this run created it.
     SIGINT/SIGTERM stop the run after the current step with a checkpoint (`callbacks.interrupt`); the
     summary's `status` is then `interrupted` (`completed` when all steps ran). `started`: when the process
     began (epoch seconds; the summary's wall time counts from it). `config_yaml`: the command line's
@@ -150,24 +151,30 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
             run.abandon()
             raise
         try:
-            if rank == 0:
-                _record_start(run_dir, cfg, config_yaml, continuing=continuing, source=source, skipped=skipped,
-                              changes=changes)
             status, error = "completed", None
             try:
+                if rank == 0:
+                    _record_start(run_dir, cfg, config_yaml, continuing=continuing, source=source, skipped=skipped,
+                                  changes=changes)
                 trainer.fit(module, datamodule=datamodule, ckpt_path=str(source) if source else None)
-            except RunInterrupted as err:  # a second signal: stopped at once, mid-step
-                status, roles["stop"].signum = "interrupted", err.signum
             except BaseException as err:
-                status, error = "failed", f"{type(err).__name__}: {err}"
-                _write_summary(trainer, run_dir, make_summary(cfg, module, roles, {}, status=status, error=error))
-                raise
+                if not roles["stop"].started:  # failed in the fit's set-up: nothing trained, nothing left behind
+                    run.abandon()
+                    raise
+                if not isinstance(err, RunInterrupted):
+                    status, error = "failed", f"{type(err).__name__}: {err}"
+                    _write_summary(trainer, run_dir, make_summary(cfg, module, roles, {}, status=status, error=error))
+                    raise
+                status, roles["stop"].signum = "interrupted", err.signum  # a second signal: stopped mid-step
             if roles["stop"].signum or module.steps_done < cfg.trainer.steps:
                 status = "interrupted"
             exports = {}
-            if cfg.trainer.export_agents and status == "completed":
-                for name, agent in module.agents.items():
-                    exports[name] = str(agent.export(run_dir / "exports" / name))
+            try:
+                if cfg.trainer.export_agents and status == "completed":
+                    for name, agent in module.agents.items():
+                        exports[name] = str(agent.export(run_dir / "exports" / name))
+            except RunInterrupted as err:  # the training is complete and checkpointed; the exports are not
+                status, roles["stop"].signum = "interrupted", err.signum
             summary = make_summary(cfg, module, roles, exports, status=status, resumed_from=source, skipped=skipped,
                                    changes=changes)
             _write_summary(trainer, run_dir, summary)

@@ -6,6 +6,7 @@ real second process, truncated checkpoints and resumes are real runs on the tiny
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -180,6 +181,17 @@ def test_a_failure_before_training_leaves_no_run_directory(tmp_path, zoo_cache):
     cfg = config(run, zoo_cache, "trainer.steps=1", f"agents.tiny_a.model={broken}")
     with pytest.raises(AgentLoadError, match="no file named model.safetensors"):
         train(cfg)
+    assert not run.exists()
+
+
+def test_a_failure_in_the_fits_set_up_leaves_no_run_directory(tmp_path, zoo_cache):
+    """The vLLM engines are made in the DataModule's setup, inside `trainer.fit`: without vllm (this
+    machine; the preflight would refuse it, `train` is called directly here) the fit fails before training."""
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    run = tmp_path / "run"
+    with pytest.raises(Exception, match="vllm"):
+        train(config(run, zoo_cache, "trainer.steps=1", "rollout=vllm"))
     assert not run.exists()
 
 

@@ -90,8 +90,11 @@ class StopOnSignal(Callback):
 
     def __init__(self) -> None:
         self.signum: Optional[int] = None
+        self.started = False
+        """Training has started (Lightning's `on_train_start`): from here on a run directory is kept."""
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self.started = True
         # after Lightning registered its SIGTERM handler (Trainer._run), so ours is the one that runs
         if _is_main_thread():
             for signum in SIGNALS:
