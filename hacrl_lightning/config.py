@@ -281,9 +281,14 @@ STRATEGIES = ("auto", "single", "fsdp")
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
+RUN_LOCATION_KEYS = ("run_dir", "resume", "overwrite", "zoo_cache")
+"""Where a run lives and reads from, not how it trains: left out when runs' settings are compared."""
+
+
 def flat_values(cfg: Any) -> Dict[str, Any]:
-    """A config dataclass as {dotted key: value}, keys as the command line names them (`agents.tiny_a.lr`);
-    lists stay values. What a comparison hashes and TensorBoard records as hparams."""
+    """A config dataclass (or its `asdict`) as {dotted key: value}, keys as the command line names them
+    (`agents.tiny_a.lr`); lists stay values. What a comparison hashes, a resume compares with the run's
+    `config.json`, and TensorBoard records as hparams."""
     flat: Dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -293,7 +298,7 @@ def flat_values(cfg: Any) -> Dict[str, Any]:
         else:
             flat[prefix[:-1]] = value
 
-    walk("", asdict(cfg))
+    walk("", cfg if isinstance(cfg, dict) else asdict(cfg))
     return flat
 
 

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from hacrl_lightning.config import RUN_LOCATION_KEYS
+
 RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "rollouts_generated", "responses_trained",
                   "optimizer_updates", "wall_s", "n_agents", "steps", "step_s")
 """Columns of `results.csv`, one row per method (arm) x agent x seed."""
 
-HASH_IGNORES = ("run_dir", "resume", "overwrite", "zoo_cache", "trainer.progress_every")
+HASH_IGNORES = (*RUN_LOCATION_KEYS, "trainer.progress_every")
 """Keys that do not change what a run computes or reports: where it lives, how the command started it
 (fresh, resumed, overwriting), where the built tiny agents are cached, how often it prints a progress
 line. Every other resolved value counts (a key added to the schema later makes older runs stale)."""

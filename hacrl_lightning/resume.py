@@ -16,11 +16,9 @@ import dataclasses
 import fnmatch
 from typing import Any
 
-from hacrl_lightning.config import TrainConfig
+from hacrl_lightning.config import RUN_LOCATION_KEYS, TrainConfig, flat_values
 from hacrl_lightning.errors import Problem
 
-WHERE = ("run_dir", "resume", "overwrite", "zoo_cache")
-"""Where the run lives and is read from: not settings of the run, neither compared nor recorded."""
 HARMLESS = (
     "trainer.steps", "trainer.eval_every", "trainer.eval_samples", "trainer.log_every", "trainer.progress_every",
     "trainer.checkpoint_every", "trainer.checkpoint_minutes", "trainer.export_agents", "trainer.max_nonfinite_skips",
@@ -28,16 +26,6 @@ HARMLESS = (
     "pair.*",
 )
 """Keys (glob patterns) a resume may change; `pair.*` is resolved into `algorithm.*`, which is compared."""
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested dict (a config as `dataclasses.asdict` gives it) -> {"a.b.c": leaf}."""
-    if isinstance(tree, dict) and tree:
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
@@ -49,7 +37,7 @@ def resume_changes(saved: dict[str, Any], new: TrainConfig, *, at_step: int,
                    completed: bool) -> tuple[list[Problem], dict[str, tuple[Any, Any]]]:
     """(the refused changes, the allowed ones as key -> (old, new)) of resuming the run saved as `saved`
     from its checkpoint at step `at_step` with `new`; `completed`: that run had finished."""
-    old, now = flatten(saved), flatten(config_dict(new))
+    old, now = flat_values(saved), flat_values(new)
     problems, allowed = [], {}
     old_agents, new_agents = list(saved.get("agents", {})), list(new.agents)
     if old_agents != new_agents:  # one problem for the set (and order: it is the optimizer order), not per field
@@ -57,7 +45,7 @@ def resume_changes(saved: dict[str, Any], new: TrainConfig, *, at_step: int,
                                 f"resume with agents=[{','.join(old_agents)}], or start a new run (another run_dir)"))
     for key in sorted(old.keys() | now.keys()):
         before, after = old.get(key, "<absent>"), now.get(key, "<absent>")
-        if before == after or key in WHERE or (key.startswith("agents.") and old_agents != new_agents):
+        if before == after or key in RUN_LOCATION_KEYS or (key.startswith("agents.") and old_agents != new_agents):
             continue
         if any(fnmatch.fnmatchcase(key, pattern) for pattern in HARMLESS):
             allowed[key] = (before, after)
