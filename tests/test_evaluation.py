@@ -152,8 +152,10 @@ def arithmetic_benchmark(tmp_path_factory) -> Path:
 
 
 def test_checkpoint_agents_get_the_checkpoints_weights(zoo_agents, tmp_path):
-    from hacrl_lightning.cli import compose_config, save_resolved
+    from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM
+
+    from hacrl_lightning.cli import compose_config
 
     from hacrl_lightning.training import train
 
@@ -161,8 +163,7 @@ def test_checkpoint_agents_get_the_checkpoints_weights(zoo_agents, tmp_path):
     cfg, dcfg = compose_config(["agents=[tiny_a,tiny_b]", "trainer.steps=1", "data.prompts_per_step=4",
                                 "trainer.mini_batch_prompts=2", "rollout.group_size=4", "trainer.eval_every=0",
                                 "data.eval_size=2", f"run_dir={run_dir}"])
-    save_resolved(dcfg, run_dir)
-    train(cfg)  # one real HACPO step: a Lightning checkpoint and the exports hold the trained weights
+    train(cfg, config_yaml=OmegaConf.to_yaml(dcfg, resolve=True))  # one real HACPO step: a Lightning checkpoint and the exports hold the trained weights
     checkpoint = run_dir / "checkpoints" / "step_0000001.ckpt"
     assert checkpoint.exists()
 

@@ -181,7 +181,7 @@ def degenerate_rollout(monkeypatch):
                     elif (p, i) == (0, 1):
                         text, ids, finish = a.decode_response(never_stops), never_stops, "length"
                     elif (p, i) == (1, 0):
-                        text = "7 <|im_end|> 8"                              # tiny_b's special token as text
+                        text = "7 <|im_end|> 8"                              # tiny_b's special token, as text
                     r.response, r.finish_reason = text, finish
                     r.token_ids = ids if ids is not None else a.encode_response([text])[0] + [a.eos_token_id]
                     r.reward = float(exact_match_reward(text, example.gold))
@@ -205,7 +205,9 @@ def test_degenerate_rollouts_complete_the_step_and_are_counted(tmp_path, zoo_cac
     rows = 4 * 2 * 2  # P * n * G rows in each learner's view
     assert first["tiny_a/degenerate/empty_frac"] == 1 / 8
     assert first["tiny_a/truncated_frac"] == 1 / 8
-    assert first["tiny_b/degenerate/unrepresentable"] == 1.0  # "<|im_end|>" is a special token of tiny_b
+    # "<|im_end|>" is a special token of tiny_b; spelled by a partner it stays text (split_special_tokens), so
+    # tiny_b gets the text back and does not end the response there
+    assert first["tiny_b/degenerate/unrepresentable"] == 0.0
     assert first["tiny_a/degenerate/unrepresentable"] == 0.0  # tiny_a's byte-fallback chars represent any text
     assert first["tiny_b/degenerate/prompt_truncated"] == rows and first["tiny_a/degenerate/prompt_truncated"] == 0
     assert second["rollout/equal_reward_frac"] == 1.0
