@@ -1,4 +1,4 @@
-"""What a resume may change: the run's saved config (`config.json`) against the new command's.
+"""What a resume may change: the run's saved config (`run_config.json`) against the new command's.
 
 A resumed run must be the run it continues: a change of anything that shapes the training (agents,
 algorithm, batch sizes, data, seeds, precision, the number of ranks) is refused, naming every
@@ -6,7 +6,7 @@ differing key. What only affects how the run is watched or kept may change, and 
 logging and evaluation cadence, checkpoint cadence, exports, the non-finite tolerance, the reward
 pool's worker count, memory knobs that do not change the math (gradient checkpointing, vLLM's
 memory share), and `trainer.steps` (a larger value extends a finished run). Pure: no file is read
-here (`training.train` reads `config.json` and passes it in). Deliberately not here: which
+here (`training.train` reads `run_config.json` and passes it in). Deliberately not here: which
 checkpoint is resumed (`callbacks.checkpoint.resume_checkpoint`) and the run directory (`run_dir`).
 """
 
@@ -29,7 +29,7 @@ HARMLESS = (
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    """The config as plain data (what `config.json` holds)."""
+    """The config as plain data (what `run_config.json` holds)."""
     return dataclasses.asdict(cfg)
 
 

@@ -26,7 +26,7 @@ from typing import IO, Optional
 from hacrl_lightning.errors import ConfigError, Problem
 
 LOCK_NAME = ".lock"
-RUN_MARKERS = ("config.json", "config.yaml", "summary.json", "checkpoints", "tensorboard")
+RUN_MARKERS = ("run_config.json", "config.yaml", "summary.json", "checkpoints", "tensorboard")
 """What a hacrl run directory holds; `overwrite=true` only clears a directory with one of these."""
 
 
@@ -106,7 +106,7 @@ def claim_run_dir(path: str | os.PathLike, *, resuming: bool, overwrite: bool, r
                                    "(its contents are deleted): overwrite=true; or choose another run_dir")])
     if not any(name in RUN_MARKERS for name in contents):
         claim.release()
-        raise ConfigError([Problem("overwrite", "true", "a run_dir that holds a previous run (config.json, checkpoints/, ...)",
+        raise ConfigError([Problem("overwrite", "true", "a run_dir that holds a previous run (run_config.json, checkpoints/, ...)",
                                    f"run_dir={path} holds other files ({', '.join(contents[:4])}); choose another run_dir")])
     for name in contents:
         target = path / name

@@ -125,7 +125,7 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
 
     The run directory is claimed first (`run_dir.claim_run_dir`: locked, and refused when it holds another
     run unless this resumes it or `cfg.overwrite`); a resume is checked against the run's saved
-    `config.json` (`resume.resume_changes`) and starts from the newest checkpoint that loads. A `resume`
+    `run_config.json` (`resume.resume_changes`) and starts from the newest checkpoint that loads. A `resume`
     from another run's directory forks that run into `cfg.run_dir` (the other run is only read). Any
     failure (or signal) before training starts (Lightning's `on_train_start`) removes the directory
     again if this run created it.
@@ -185,9 +185,9 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
 
 def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, Any]]:
     """The allowed changes of resuming `checkpoint` with `cfg`; raises ConfigError for the refused ones.
-    Compares with the `config.json` of the checkpoint's run (a run saved before that file existed is not
+    Compares with the `run_config.json` of the checkpoint's run (a run saved before that file existed is not
     compared)."""
-    saved_path = run_dir_of(checkpoint) / "config.json"
+    saved_path = run_dir_of(checkpoint) / "run_config.json"
     if not saved_path.is_file():
         return {}
     summary_path = run_dir_of(checkpoint) / "summary.json"
@@ -214,7 +214,7 @@ def _record_start(run_dir: Path, cfg: TrainConfig, config_yaml: str | None, *, c
     if config_yaml is not None:
         _write_atomically(run_dir / ("config.resumed.yaml" if continuing else "config.yaml"), config_yaml)
     if not continuing:  # the settings the run was started with (a continued run keeps its own)
-        _write_atomically(run_dir / "config.json", json.dumps(config_dict(cfg), indent=2) + "\n")
+        _write_atomically(run_dir / "run_config.json", json.dumps(config_dict(cfg), indent=2) + "\n")
 
 
 def _write_atomically(path: Path, text: str) -> None:

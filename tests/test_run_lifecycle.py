@@ -125,7 +125,7 @@ def test_a_second_run_into_a_run_directory_is_refused_and_overwrite_replaces_it(
     run = tmp_path / "run"
     train(config(run, zoo_cache, "trainer.steps=1"))
     before = snapshot(run)
-    assert "config.json" in before and "checkpoints/step_0000001.ckpt" in before
+    assert "run_config.json" in before and "checkpoints/step_0000001.ckpt" in before
 
     args = [*SMALL, "agents=[tiny_a,tiny_c]", "trainer.steps=1", f"zoo_cache={zoo_cache}", f"run_dir={run}"]
     assert script_main("train")(args) == 2
@@ -136,7 +136,7 @@ def test_a_second_run_into_a_run_directory_is_refused_and_overwrite_replaces_it(
     assert script_main("train")([*args, "overwrite=true"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert list(summary["agents"]) == ["tiny_a", "tiny_c"]
-    assert json.loads((run / "config.json").read_text())["agents"].keys() == {"tiny_a", "tiny_c"}
+    assert json.loads((run / "run_config.json").read_text())["agents"].keys() == {"tiny_a", "tiny_c"}
     keys = weights(run / "checkpoints" / "step_0000001.ckpt").keys()  # the first run's checkpoint is gone
     assert any("tiny_c" in key for key in keys) and not any("tiny_b" in key for key in keys)
 
@@ -251,7 +251,7 @@ def test_resume_from_another_runs_checkpoint_forks_and_never_writes_into_that_ru
     assert snapshot(source) == before
     assert summary["steps"] == 3 and summary["resumed_from"].endswith("source/checkpoints/step_0000001.ckpt")
     assert sorted(p.name for p in (fork / "checkpoints").iterdir()) == ["step_0000003.ckpt"]
-    assert (fork / "config.json").is_file() and (fork / "summary.json").is_file()
+    assert (fork / "run_config.json").is_file() and (fork / "summary.json").is_file()
 
 
 def test_a_damaged_newest_checkpoint_is_skipped_with_a_message_and_kept_aside(tmp_path, zoo_cache, capsys):
