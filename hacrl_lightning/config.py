@@ -242,6 +242,10 @@ class TrainerConfig:
     gradient; one more such step in a row stops the run (0: stop at the first). See docs/reliability.md."""
     export_agents: bool = True
     """Export each agent as a standalone Hugging Face model dir at the end."""
+    diagnostics_every: int = 10
+    """Measure how much of each learner's update comes from partners' responses (`{agent}/diag/cross_grad_share`)
+    on every this many steps (the 10th, 20th, ...; 0: never). It costs about one more forward and backward
+    pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics)."""
 
 
 @dataclass
@@ -482,6 +486,7 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.log_every", tr.log_every)
     c.positive("trainer.progress_every", tr.progress_every, strict=False)
     c.positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips, strict=False)
+    c.positive("trainer.diagnostics_every", tr.diagnostics_every, strict=False)
     if tr.mini_batch_prompts > 0 and cfg.data.prompts_per_step > 0:
         mini = tr.mini_batch_prompts
         if cfg.data.prompts_per_step % mini:

@@ -3,7 +3,8 @@
 A learner's mini-batch is split into micro-batches and, under data parallelism, over ranks; the
 metrics `hacpo_loss` returns per micro-batch are reduced here into the step's figures, the same on
 1 rank or 8: a rate (clip fraction, mean ratio, mean omega) is the mean over the responses (or
-tokens) it describes, weighted by their count; `_min`/`_max` reduce by min/max; counts add up; a
+tokens) it describes, weighted by their count (a no-gradient fraction of correct or wrong responses,
+`diag/*_nograd_frac_{correct,wrong}`, by the count of those, `count/*_{correct,wrong}`); `_min`/`_max` reduce by min/max; counts add up; a
 loss is the mean over the learner's mini-batches of the mini-batch loss (the sum of its micro-batch
 and rank parts). It is a torchmetrics `Metric` with fixed-size states (one slot per agent and metric
 name), so torchmetrics syncs it across ranks in `compute()`.
@@ -20,7 +21,7 @@ from typing import Mapping, Sequence
 import torch
 from torchmetrics import Metric
 
-from hacrl_lightning.algorithms.objective import METRIC_NAMES
+from hacrl_lightning.algorithms.objective import ANSWERS, METRIC_NAMES
 
 
 def _kind(name: str) -> str:
@@ -62,7 +63,9 @@ class LossStats(Metric):
             value = float(value)
             kind = self.kinds[i]
             if kind == "mean":
-                weight[i] = weights["cross" if "cross" in name else "self"]
+                part = "cross" if "cross" in name else "self"
+                answer = name.rsplit("_", 1)[-1]
+                weight[i] = float(metrics[f"count/{part}_{answer}"]) if answer in ANSWERS else weights[part]
                 total[i] = value * weight[i]
             else:
                 weight[i] = 1.0

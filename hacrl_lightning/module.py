@@ -63,6 +63,8 @@ class UpdateSettings:
     """`trainer.precision`: how agents and KL references are sharded under FSDP (bf16-mixed or 32-true)."""
     seed: int
     """The run seed: each learner's mini-batch order is drawn from (seed, step, learner)."""
+    diagnostics_every: int = 0
+    """`trainer.diagnostics_every`: measure the gradient share of cross responses on the every-th step (0: never)."""
 
 
 def _detach_mean(values: list[torch.Tensor]) -> float:
@@ -100,6 +102,8 @@ class HACRLModule(pl.LightningModule):
         """Consecutive steps in which an agent skipped an update for a non-finite loss or gradient."""
         self.last_metrics: dict[str, float] = {}
         """The last training step's own scalars (the callbacks report theirs beside them)."""
+        self.diagnostics: dict[str, list[tuple[int, float]]] = {}
+        """Every step's diagnostics (`{agent}/diag/*`, `{agent}/omega/*`) as (step, value), for the summary."""
         self._pending: dict[str, float] = {}
 
     # -- metrics: one way in ----------------------------------------------------------------------
@@ -189,12 +193,16 @@ class HACRLModule(pl.LightningModule):
         advantages = compute_advantages(data.rewards, omega, **self.advantage_settings)     # [n, P, n, G]
         start = time.perf_counter()
         metrics: dict[str, float] = {}
+        every = self.settings.diagnostics_every
+        grad_share = every > 0 and (step + 1) % every == 0  # the every-th step, counting from 1
         for k, name in enumerate(self.names):
             metrics.update(self._update_learner(k, name, data.views[name], plans[name], advantages[k].flatten(),
-                                                old_mean, old_tokens[name], ref_tokens.get(name), omega))
+                                                old_mean, old_tokens[name], ref_tokens.get(name), omega,
+                                                rewards=data.rewards.flatten(), grad_share=grad_share))
         metrics.update(self.loss_stats.compute({name: len(plans[name]) for name in self.names}))  # over all ranks
         self.loss_stats.reset()
-        update_s = time.perf_counter() - start
+        diagnostics_s = sum(metrics.pop(f"time/diagnostics/{name}", 0.0) for name in self.names)
+        update_s = time.perf_counter() - start - diagnostics_s
 
         # 7. weight sync runs in WeightSyncCallback; metrics
         self.steps_done += 1
@@ -202,9 +210,14 @@ class HACRLModule(pl.LightningModule):
         metrics.update(self._view_metrics(data.views))
         metrics.update({"time/rollout": data.timings["rollout"], "time/reward": data.timings["reward"],
                         "time/exchange": data.timings["exchange"], "time/old_logprobs": old_s,
-                        "time/update": update_s, "reward/timeouts": data.reward_stats.get("timeouts", 0),
+                        "time/update": update_s, **({"time/diagnostics": diagnostics_s} if grad_share else {}),
+                        "reward/timeouts": data.reward_stats.get("timeouts", 0),
                         "reward/crashes": data.reward_stats.get("crashes", 0)})
         self.last_metrics = metrics
+        omegas = {f"{name}/omega/{partner}" for name in self.names for partner in self.names}
+        for key, value in metrics.items():
+            if "/diag/" in key or key in omegas:
+                self.diagnostics.setdefault(key, []).append((step, value))
         self.report(metrics)
         for name in self.names:
             self.log(f"{name[:8]} train reward", metrics[f"{name}/reward"], prog_bar=True, logger=False,
@@ -261,10 +274,11 @@ class HACRLModule(pl.LightningModule):
 
     def _update_learner(self, k: int, name: str, view: AgentView, plan: StepPlan, adv_k: torch.Tensor,
                         old_mean: torch.Tensor, old_tokens: torch.Tensor, ref_tokens: torch.Tensor | None,
-                        omega: torch.Tensor) -> dict[str, float]:
+                        omega: torch.Tensor, *, rewards: torch.Tensor, grad_share: bool = False) -> dict[str, float]:
         """All mini-batch updates of learner k in this step; returns its metrics that need no reduction
-        over ranks and adds the loss metrics to `self.loss_stats`. adv_k, old_mean: [P·n·G] in the
-        step's flat order.
+        over ranks and adds the loss metrics to `self.loss_stats`. adv_k, old_mean, rewards: [P·n·G] in
+        the step's flat order. `grad_share`: first measure the gradient share of cross responses
+        (`_grad_share`, before the update and without changing it).
 
         Each mini-batch is normalised over the *global* mini-batch (its sequences, or its tokens for
         token-mean), and this rank's loss is scaled by the world size because FSDP averages gradients
@@ -278,30 +292,41 @@ class HACRLModule(pl.LightningModule):
         omega_factor = omega[view.source_idx, k]                                            # [B]  omega[j, k]
         token_level = self.alg.ratio_level == "token"
         on_device = lambda t: t.to(self.device)  # noqa: E731
+        lowers = [self.clip_schedule.lower(m) for m in range(len(plan))]                   # Eq. 14, the callback's
+
+        def micro_loss(m: int, rows: torch.Tensor, part: str | None = None):
+            """hacpo_loss of rows of mini-batch m, normalised over the global mini-batch; `part` ("self" or
+            "cross") keeps only those responses' terms (the others get no tokens, so the parts sum to the loss)."""
+            mini = plan.mini_batches[m]
+            micro = view.select(rows).to(self.device)
+            logp = agent.token_logprobs(micro.input_ids, micro.attention_mask,
+                                        temperature=agent.cfg.temperature)                  # [b, T]
+            width = logp.shape[1]
+            loss_mask = micro.loss_mask                                                     # [b, T]
+            if part is not None:
+                loss_mask = loss_mask & (micro.is_own if part == "self" else ~micro.is_own)[:, None]
+            return hacpo_loss(
+                logp_new=logp, loss_mask=loss_mask, advantages=on_device(advantages[rows]),
+                is_own=micro.is_own, **self.loss_settings, cross_lower=lowers[m],
+                old_logp_mean=on_device(old_logp_mean[rows]),
+                old_logp=on_device(old_tokens[rows, :width]),
+                omega_factor=on_device(omega_factor[rows]),
+                ref_logp=None if ref_tokens is None else on_device(ref_tokens[rows, :width]),
+                total_tokens=on_device(view.loss_mask[mini].sum().clamp(min=1)),            # global mini-batch
+                total_seqs=on_device(torch.tensor(float(len(mini)))),
+                loss_scale_factor=float(agent.cfg.max_response_len),
+                rewards=None if part is not None else on_device(rewards[view.row_idx[rows]]),
+            ), micro
+
+        diagnostics = self._grad_share(name, view, plan, micro_loss) if grad_share else {}
         grad_norms, skipped = [], []
         for m, mini in enumerate(plan.mini_batches):
             opt.zero_grad(set_to_none=True)
             finite_loss = torch.ones((), dtype=torch.bool, device=self.device)
-            total_tokens = view.loss_mask[mini].sum().clamp(min=1)                          # global mini-batch
-            total_seqs = torch.tensor(float(len(mini)))
-            cross_lower = self.clip_schedule.lower(m)                                       # Eq. 14, the callback's
             for rows in plan.micro_batches(m, self.settings.micro_batch_size):
                 dummy = len(rows) == 0  # a zero-weight pass keeps this rank in step with the others (FSDP)
                 rows = mini[:1] if dummy else rows
-                micro = view.select(rows).to(self.device)
-                logp = agent.token_logprobs(micro.input_ids, micro.attention_mask,
-                                            temperature=agent.cfg.temperature)              # [b, T]
-                width = logp.shape[1]
-                loss, metrics = hacpo_loss(
-                    logp_new=logp, loss_mask=micro.loss_mask, advantages=on_device(advantages[rows]),
-                    is_own=micro.is_own, **self.loss_settings, cross_lower=cross_lower,
-                    old_logp_mean=on_device(old_logp_mean[rows]),
-                    old_logp=on_device(old_tokens[rows, :width]),
-                    omega_factor=on_device(omega_factor[rows]),
-                    ref_logp=None if ref_tokens is None else on_device(ref_tokens[rows, :width]),
-                    total_tokens=total_tokens.to(self.device), total_seqs=total_seqs.to(self.device),
-                    loss_scale_factor=float(agent.cfg.max_response_len),
-                )
+                (loss, metrics), micro = micro_loss(m, rows)
                 self.manual_backward(loss * (0.0 if dummy else float(world)))
                 finite_loss &= torch.isfinite(loss.detach())
                 if not dummy:
@@ -319,10 +344,67 @@ class HACRLModule(pl.LightningModule):
         order = plan.rows
         self.counters[name]["responses_trained"] += len(order)
         self._count_faults(name, self.steps_done, skipped)
-        return {f"{name}/grad_norm": _detach_mean(grad_norms), f"{name}/updates": float(len(grad_norms)),
+        return {**diagnostics, f"{name}/grad_norm": _detach_mean(grad_norms), f"{name}/updates": float(len(grad_norms)),
                 f"{name}/skipped_updates": float(len(skipped)), f"{name}/mini_batches": float(len(plan)),
                 f"{name}/degenerate/zero_adv_frac":
                     float((advantages[order] == 0).float().mean()) if len(order) else 0.0}
+
+    def _grad_share(self, name: str, view: AgentView, plan: StepPlan, micro_loss) -> dict[str, float]:
+        """How much of learner `name`'s update comes from partners' responses, at the weights the step starts
+        from (docs/training.md#diagnostics). The step's gradient g = Σ_m ∇ loss_m (every mini-batch, each
+        normalised as in the update) splits exactly into g_self (own responses' terms and the KL) and
+        g_cross (partners' terms); each is accumulated by its own backward passes over the same
+        micro-batches, its norm taken with the clip's utility (DTensor-aware: global under FSDP), and
+
+            cross_grad_share = ‖g_cross‖ / (‖g_self‖ + ‖g_cross‖)   in [0, 1]; 0.5: equal magnitudes
+            grad_cos_self_cross = <g_self, g_cross> / (‖g_self‖·‖g_cross‖)  (from ‖g_self + g_cross‖)
+
+        The ratio of norms (not of squared norms) reads as relative magnitude; the two parts need not be
+        orthogonal, so neither form splits ‖g‖, and the cosine says whether they pull together. It changes
+        nothing: no optimizer step, no RNG drawn (dropout is off), and the gradients are cleared
+        (set to None) before the update starts. A part that no global mini-batch holds costs no pass (its
+        norm is 0), so a learner without partners' responses (gspo_x2) gets a share of 0 for free."""
+        start = time.perf_counter()
+        agent, (_, world) = self.agents[name], self._rank_world
+        params = [p for p in agent.parameters() if p.requires_grad]
+        norms, saved = {}, []
+        for part in ("self", "cross"):
+            holds = view.is_own if part == "self" else ~view.is_own                         # [B]
+            for p in params:
+                p.grad = None
+            if part == "cross" and not bool(holds.any()):
+                norms[part] = 0.0
+                continue
+            for m, mini in enumerate(plan.mini_batches):
+                if not bool(holds[mini].any()):  # the global mini-batch: every rank skips it alike
+                    continue
+                for rows in plan.micro_batches(m, self.settings.micro_batch_size):
+                    dummy = len(rows) == 0
+                    (loss, _), _ = micro_loss(m, mini[:1] if dummy else rows, part)
+                    self.manual_backward(loss * (0.0 if dummy else float(world)))
+            norms[part] = float(self._grad_norm(params))
+            if part == "self":
+                saved = [p.grad for p in params]
+        out = {f"{name}/diag/grad_norm_self": norms["self"], f"{name}/diag/grad_norm_cross": norms["cross"]}
+        if norms["self"] + norms["cross"] > 0:
+            out[f"{name}/diag/cross_grad_share"] = norms["cross"] / (norms["self"] + norms["cross"])
+        if norms["self"] > 0 and norms["cross"] > 0:
+            for p, g in zip(params, saved):  # g_self + g_cross
+                if g is not None:
+                    p.grad = g if p.grad is None else p.grad.add_(g)
+            both = float(self._grad_norm(params))
+            cos = (both ** 2 - norms["self"] ** 2 - norms["cross"] ** 2) / (2 * norms["self"] * norms["cross"])
+            out[f"{name}/diag/grad_cos_self_cross"] = max(-1.0, min(1.0, cos))
+        for p in params:
+            p.grad = None
+        out[f"time/diagnostics/{name}"] = time.perf_counter() - start
+        return out
+
+    @staticmethod
+    def _grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+        """The total 2-norm of the parameters' gradients over every rank (the clip's utility, not clipping)."""
+        norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def _count_faults(self, name: str, step: int, skipped: list[int]) -> None:
         """Warn about this step's skipped updates of `name`; stop the run after too many faulty steps in a row."""
@@ -398,7 +480,7 @@ class HACRLModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["hacrl"] = {"steps_done": self.steps_done, "counters": self.counters, "agents": self.names,
-                               "fault_streak": self.fault_streak}
+                               "fault_streak": self.fault_streak, "diagnostics": self.diagnostics}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["hacrl"]
@@ -407,6 +489,7 @@ class HACRLModule(pl.LightningModule):
         self.steps_done = state["steps_done"]
         self.counters = state["counters"]
         self.fault_streak = state.get("fault_streak", {name: 0 for name in self.names})
+        self.diagnostics = {key: [tuple(pair) for pair in pairs] for key, pairs in state.get("diagnostics", {}).items()}
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:

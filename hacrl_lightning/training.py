@@ -47,6 +47,11 @@ from hacrl_lightning.run_dir import claim_run_dir, run_dir_of
 from hacrl_lightning.strategies import lightning_precision, make_strategy
 
 
+DIAGNOSTICS = ("cross_nograd_frac_correct", "cross_nograd_frac_wrong", "self_nograd_frac_correct",
+               "self_nograd_frac_wrong", "cross_grad_share", "grad_cos_self_cross", "grad_norm_self", "grad_norm_cross")
+"""The `{agent}/diag/*` metrics a summary's `diagnostics` block averages over steps (docs/training.md#diagnostics)."""
+
+
 def load_agents(cfg: TrainConfig, task: tuple[PromptDataset, PromptDataset] | None = None) -> dict[str, Agent]:
     """Every configured agent, in config order (= optimizer order), checked lossless on the task's texts
     (`task`: the (train, held-out) sets when already loaded). Weights load in fp32, whatever an agent's
@@ -61,7 +66,7 @@ def update_settings(cfg: TrainConfig) -> UpdateSettings:
     mini_batch_size = (cfg.trainer.mini_batch_prompts // cfg.algorithm.rollout_multiplier) * cfg.responses_per_prompt
     return UpdateSettings(mini_batch_size=mini_batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
                           max_nonfinite_skips=cfg.trainer.max_nonfinite_skips, precision=cfg.trainer.precision,
-                          seed=cfg.seed)
+                          seed=cfg.seed, diagnostics_every=cfg.trainer.diagnostics_every)
 
 
 def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
@@ -247,6 +252,7 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Call
             "steps": module.steps_done,
             **module.counters[name],
             "export": exports.get(name),
+            "diagnostics": diagnostics_summary(module.diagnostics, name),
         }
     checkpoints = _newest_checkpoint(Path(cfg.run_dir).resolve())
     return {
@@ -271,6 +277,24 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Call
         "agents": agents,
         "eval_history": evaluation.history,
     }
+
+
+def diagnostics_summary(history: dict[str, list[tuple[int, float]]], agent: str) -> dict[str, Any]:
+    """An agent's diagnostics over the run (docs/training.md#diagnostics): the mean over the steps that
+    measured each `{agent}/diag/*` metric (None: never measured; `steps` says how many did), and per partner
+    ω (the factor on the agent's cross term from that partner) at the first and last step and its mean."""
+    out: dict[str, Any] = {key: None for key in DIAGNOSTICS}
+    steps: dict[str, int] = {key: 0 for key in DIAGNOSTICS}
+    omega: dict[str, dict[str, float]] = {}
+    for key, pairs in history.items():
+        values = [value for _, value in pairs]
+        if key.startswith(f"{agent}/diag/") and values:
+            name = key.split("/diag/", 1)[1]
+            out[name], steps[name] = sum(values) / len(values), len(values)
+        elif key.startswith(f"{agent}/omega/") and values:
+            omega[key.split("/omega/", 1)[1]] = {"first": values[0], "last": values[-1],
+                                                 "mean": sum(values) / len(values)}
+    return {**out, "steps_measured": steps, "omega": omega}
 
 
 def _newest_checkpoint(run_dir: Path) -> Path | None:

@@ -6,6 +6,11 @@ them for a preset), so the trainer never asks which preset runs: GRPO, GSPO, nai
 ablation go through the same call. Deliberately not here: forward passes, mini-batch ordering (own
 first, HACPO_SPEC §6) and the stepwise schedule of the cross lower bound: the caller passes the
 bound of this mini-batch as a plain number (`cross_lower`, from the clip-schedule callback).
+
+Given each response's reward, it also reports which responses the clip leaves without gradient,
+split by whether the answer was correct (`diag/*`, docs/training.md#diagnostics): per micro-batch
+fractions with their denominators (`count/*_correct`, `count/*_wrong`), so `LossStats` reduces them
+as counts over micro-batches and ranks.
 """
 
 from __future__ import annotations
@@ -25,14 +30,20 @@ from hacrl_lightning.algorithms.losses import (
     token_log_ratio,
 )
 
-__all__ = ["CROSS_LOSSES", "METRIC_NAMES", "RATIO_LEVELS", "hacpo_loss"]
+__all__ = ["ANSWERS", "CROSS_LOSSES", "METRIC_NAMES", "RATIO_LEVELS", "hacpo_loss"]
 
+ANSWERS = ("correct", "wrong")
+"""A response is correct when its reward is > 0 (HACPO_SPEC §2, as the accuracy counts it), else wrong."""
 METRIC_NAMES = tuple(
     ["loss/policy", "loss/kl", "loss/total", "count/self", "count/cross", "clip/cross_lower", "omega/cross_mean"]
     + [f"ratio/{part}_{stat}" for part in ("self", "cross") for stat in ("mean", "min", "max")]
     + [f"clip/{part}_{kind}" for part in ("self", "cross") for kind in ("low_frac", "high_frac", "frac")]
+    + [f"count/{part}_{answer}" for part in ("self", "cross") for answer in ANSWERS]
+    + [f"diag/{part}_nograd_frac_{answer}" for part in ("self", "cross") for answer in ANSWERS]
 )
-"""Every key `hacpo_loss` may put in its metrics (a call returns the ones its batch has)."""
+"""Every key `hacpo_loss` may put in its metrics (a call returns the ones its batch has). A rate is a mean
+over the part's responses (`count/self` or `count/cross`), or, for `diag/{part}_nograd_frac_{answer}`,
+over the part's correct or wrong responses (`count/{part}_{answer}`): `LossStats` weights it by that count."""
 
 RATIO_LEVELS = ("sequence", "token")
 """`sequence`: GSPO's length-normalised ratio per response (Eq. 11); `token`: per-token ratios (GRPO)."""
@@ -63,6 +74,7 @@ def hacpo_loss(
     old_logp: Optional[Tensor] = None,
     omega_factor: Optional[Tensor] = None,
     ref_logp: Optional[Tensor] = None,
+    rewards: Optional[Tensor] = None,
     total_tokens: Union[float, Tensor, None] = None,
     total_seqs: Union[float, Tensor, None] = None,
     loss_scale_factor: Optional[float] = None,
@@ -91,9 +103,17 @@ def hacpo_loss(
       omega_factor [B]      omega[source, k] per response (needed for cross responses when
                             use_omega; ignored otherwise and on own responses)
       ref_logp [B, T]       reference log-probs (needed when kl_coef > 0)
+      rewards [B]           each response's reward (optional; only the diagnostics read it: > 0 is correct)
       total_tokens, total_seqs, loss_scale_factor: see `aggregate_loss` (micro-batching, Dr. GRPO)
     Returns (loss, metrics); metrics are detached, and keys of an absent part (no own or no cross
     responses in this batch) are left out.
+
+    Diagnostics (sequence level, when `rewards` is given): `diag/{part}_nograd_frac_{answer}` is the
+    fraction of the part's (`self`: own, `cross`: partners') correct (reward > 0) or wrong responses
+    whose term the clip makes constant, so they carry no gradient:
+      cross, "hacpo":  s < lower_m or s > 1, whatever the sign of A (hard clamp); none when cross_clip=False
+      own, and cross "self" (naive): s < 1 - clip_low with A < 0, or s > 1 + clip_high with A > 0 (PPO min)
+    with its denominator `count/{part}_{answer}` (a fraction whose denominator is 0 is left out).
     """
     if logp_new.ndim != 2 or logp_new.shape != loss_mask.shape:
         raise ValueError(
@@ -138,6 +158,19 @@ def hacpo_loss(
             metrics.update(cross_metrics)
         loss_mat = term[:, None].expand_as(logp_new)  # [B, T]
         _ppo_metrics(metrics, "self", ratio, advantages, own, **clip)
+        if rewards is not None:
+            if rewards.shape != (batch,):
+                raise ValueError(f"rewards must have shape [{batch}], got {tuple(rewards.shape)}")
+            correct = rewards.to(ratio.device) > 0  # [B]
+            own_nograd = _ppo_nograd(ratio, advantages, **clip)  # [B]
+            if cross_loss == "self":
+                cross_nograd = own_nograd
+            elif cross_clip:
+                cross_nograd = (ratio.detach() < float(cross_lower)) | (ratio.detach() > 1.0)  # [B]
+            else:
+                cross_nograd = torch.zeros_like(own_nograd)
+            _nograd_metrics(metrics, "self", own_nograd, own, correct)
+            _nograd_metrics(metrics, "cross", cross_nograd, cross, correct)
     elif ratio_level == "token":
         if bool(cross.any()):
             raise ValueError(
@@ -217,6 +250,23 @@ def _ppo_metrics(
     high = (r > 1.0 + clip_high) & (a > 0)
     metrics.update(_ratio_stats(part, r))
     metrics.update(_fractions(part, low, high))
+
+
+def _ppo_nograd(ratio: Tensor, advantages: Tensor, *, clip_low: float, clip_high: float) -> Tensor:
+    """[B] bool: where `ppo_clip_term`'s min picks the clipped, constant side, so the term has no gradient."""
+    r, a = ratio.detach(), advantages.detach()
+    return ((r < 1.0 - clip_low) & (a < 0)) | ((r > 1.0 + clip_high) & (a > 0))
+
+
+def _nograd_metrics(metrics: Metrics, part: str, nograd: Tensor, select: Tensor, correct: Tensor) -> None:
+    """Per answer (correct / wrong) among the `select`ed rows: their count and the fraction without gradient."""
+    if not bool(select.any()):
+        return
+    for answer, rows in (("correct", select & correct), ("wrong", select & ~correct)):  # [B], [B]
+        count = rows.sum()
+        metrics[f"count/{part}_{answer}"] = count.detach()
+        if bool(count > 0):
+            metrics[f"diag/{part}_nograd_frac_{answer}"] = nograd[rows].float().mean()
 
 
 def _ratio_stats(part: str, r: Tensor) -> Metrics:
