@@ -26,8 +26,12 @@ from typing import Any, Iterable, Sequence
 
 from hacrl_lightning.config import RUN_LOCATION_KEYS
 
+DIAGNOSTIC_COLUMNS = ("cross_nograd_frac_correct", "cross_nograd_frac_wrong", "self_nograd_frac_correct",
+                      "self_nograd_frac_wrong", "cross_grad_share", "grad_cos_self_cross", "omega_mean")
+"""The run's diagnostics (summary.json `agents.*.diagnostics`, docs/training.md#diagnostics): means over its
+steps; `omega_mean` is the mean over partners of each partner's mean ω. nan where the run has none."""
 RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "rollouts_generated", "responses_trained",
-                  "optimizer_updates", "wall_s", "n_agents", "steps", "step_s")
+                  "optimizer_updates", "wall_s", "n_agents", "steps", "step_s", *DIAGNOSTIC_COLUMNS)
 """Columns of `results.csv`, one row per method (arm) x agent x seed."""
 
 HASH_IGNORES = (*RUN_LOCATION_KEYS, "trainer.progress_every")
@@ -157,8 +161,18 @@ def result_rows(spec: RunSpec, summary: dict[str, Any]) -> list[dict[str, Any]]:
             "rollouts_generated": row["rollouts_generated"], "responses_trained": row["responses_trained"],
             "optimizer_updates": row["optimizer_updates"], "wall_s": summary["wall_s"],
             "n_agents": len(summary["agents"]), "steps": summary["steps"], "step_s": summary.get("step_s", math.nan),
+            **diagnostic_values(row.get("diagnostics", {})),
         })
     return rows
+
+
+def diagnostic_values(diagnostics: dict[str, Any]) -> dict[str, float]:
+    """`DIAGNOSTIC_COLUMNS` of one agent's summary block (nan for what it lacks: an older run, a value never measured)."""
+    values = {key: math.nan if diagnostics.get(key) is None else float(diagnostics[key])
+              for key in DIAGNOSTIC_COLUMNS if key != "omega_mean"}
+    omega = [partner["mean"] for partner in diagnostics.get("omega", {}).values()]
+    values["omega_mean"] = sum(omega) / len(omega) if omega else math.nan
+    return values
 
 
 def collect_rows(specs: Iterable[RunSpec]) -> list[dict[str, Any]]:
@@ -210,8 +224,15 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "final_acc": final, "final_ci": final_ci, "gain": gain, "gain_ci": gain_ci,
             **{key: sum(r[key] for r in group) / len(group)
                for key in ("rollouts_generated", "responses_trained", "optimizer_updates", "step_s", "wall_s", "n_agents")},
+            **{key: _nan_mean([r.get(key, math.nan) for r in group]) for key in DIAGNOSTIC_COLUMNS},
         })
     return table
+
+
+def _nan_mean(values: Sequence[float]) -> float:
+    """The mean of the values that are not nan (nan when none is)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
 
 
 def paired_gaps(rows: Sequence[dict[str, Any]], *, reference: str) -> list[dict[str, Any]]:
@@ -259,7 +280,26 @@ def markdown_report(table: Sequence[dict[str, Any]], gaps: Sequence[dict[str, An
         for g in gaps:
             interval = "n/a" if math.isnan(g["gap_ci"]) else f"[{g['gap'] - g['gap_ci']:+.3f}, {g['gap'] + g['gap_ci']:+.3f}]"
             lines.append(f"| {g['method']} | {g['agent']} | {g['seeds']} | {g['gap']:+.3f} | {interval} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _diagnostics_table(table)) + "\n"
+
+
+def _diagnostics_table(table: Sequence[dict[str, Any]]) -> list[str]:
+    """results.md's diagnostics section (mean over seeds of each run's mean over steps; '-': not measured)."""
+    if not table or all(math.isnan(r.get(key, math.nan)) for r in table for key in DIAGNOSTIC_COLUMNS):
+        return []
+    shown = lambda v: "-" if math.isnan(v) else f"{v:.3f}"  # noqa: E731
+    lines = ["", "## Diagnostics (why a method helps or not)", "",
+             "Mean over seeds of each run's mean over steps (docs/training.md#diagnostics). No-gradient: the "
+             "fraction of the learner's own or partners' correct / wrong responses that the clip leaves "
+             "without gradient. Cross share: ‖g_cross‖ / (‖g_self‖ + ‖g_cross‖) of the step's gradient; "
+             "cos: cosine between the two parts; ω: mean factor on partners' responses. '-': not measured.", "",
+             "| method | agent | cross no-grad, correct | cross no-grad, wrong | own no-grad, correct "
+             "| own no-grad, wrong | cross grad share | cos(self, cross) | ω |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in table:
+        cells = " | ".join(shown(r.get(key, math.nan)) for key in DIAGNOSTIC_COLUMNS)
+        lines.append(f"| {r['method']} | {r['agent']} | {cells} |")
+    return lines
 
 
 def accuracy_curves(specs: Iterable[RunSpec]) -> dict[tuple[str, str], list[tuple[list[int], list[float]]]]:

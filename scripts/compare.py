@@ -12,7 +12,8 @@ is composed and validated before the first one starts (all problems at once, exi
 run is a `scripts/train.py` subprocess in `<out>/runs/<method>/seed<k>` with its log beside it.
 Re-running the same command skips finished runs (their `summary.json` exists) and resumes an
 interrupted run from its newest checkpoint, so a comparison survives interruptions. The outputs
-are rewritten from all finished runs after each run: `results.csv`, `results.md`,
+are rewritten from all finished runs after each run: `results.csv`, `results.md` (with each method and
+agent's diagnostics, docs/training.md#diagnostics),
 `accuracy_vs_rollouts.png`, `final_accuracy.png` (and `step_time.png` for the scaling study).
 """
 

@@ -18,7 +18,8 @@ from hacrl_lightning.agents.zoo import ensure_built
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = ["methods=[grpo,hacpo]", "seeds=[0,1]", "jobs=2", "trainer.steps=2", "trainer.eval_every=1",
-         "data.eval_size=4", "data.prompts_per_step=4", "trainer.mini_batch_prompts=2", "trainer.export_agents=false"]
+         "data.eval_size=4", "data.prompts_per_step=4", "trainer.mini_batch_prompts=2", "trainer.export_agents=false",
+         "trainer.diagnostics_every=2"]
 
 
 def test_mean_ci_matches_hand_computed_t_interval():
@@ -124,9 +125,17 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
     assert by[("grpo", "tiny_a", "0")]["rollouts_generated"] == "32"
     assert by[("grpo", "tiny_a", "0")]["responses_trained"] == "32"
     assert by[("hacpo", "tiny_a", "0")]["responses_trained"] == "64"
+    # diagnostics (issue 17): grpo has no partners' responses (share 0, no cross fractions); hacpo has both
+    assert float(by[("grpo", "tiny_a", "0")]["cross_grad_share"]) == 0.0
+    assert by[("grpo", "tiny_a", "0")]["cross_nograd_frac_wrong"] == "nan"
+    for agent in ("tiny_a", "tiny_b"):
+        hacpo = by[("hacpo", agent, "0")]
+        assert 0.0 <= float(hacpo["cross_grad_share"]) <= 1.0 and 0.0 <= float(hacpo["cross_nograd_frac_wrong"]) <= 1.0
+        assert float(hacpo["omega_mean"]) > 0
 
     report = (out / "results.md").read_text()
     assert "| hacpo | tiny_b | 2 |" in report and "hacpo minus each method" in report
+    assert "## Diagnostics" in report and "| cross grad share |" in report
     for name in ("accuracy_vs_rollouts.png", "final_accuracy.png"):
         with Image.open(out / name) as image:
             image.verify()
