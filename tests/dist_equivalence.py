@@ -32,7 +32,8 @@ from hacrl_lightning.datamodule import RolloutDataModule  # noqa: E402
 from hacrl_lightning.training import train  # noqa: E402
 
 SMALL = ["agents=[tiny_a,tiny_b]", "trainer.steps=1", "trainer.eval_every=0", "data.eval_size=2",
-         "trainer.export_agents=false", "trainer.checkpoint_every=0"]
+         "trainer.export_agents=false", "trainer.checkpoint_every=0",
+         "trainer.diagnostics_every=1"]  # the gradient-share diagnostic runs too: it must leave the update alone
 CASES = {
     # 9-response mini-batches split 5/4 over 2 ranks, micro-batches of 2: rank 1 pads with a dummy pass
     "hacpo": ["algorithm=hacpo", "data.prompts_per_step=6", "rollout.group_size=3", "trainer.mini_batch_prompts=3",

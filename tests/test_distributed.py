@@ -70,6 +70,7 @@ def test_every_logged_rate_is_the_global_one(runs, case):
     rates = {k for k in one if not k.startswith(("time/", "throughput/"))}
     assert rates == {k for k in two if not k.startswith(("time/", "throughput/"))}
     assert any("/clip/" in k for k in rates) and any("/loss/" in k for k in rates)
+    assert any("/diag/cross_grad_share" in k for k in rates)  # global gradient norms under FSDP (issue 17)
     for key in sorted(rates):
         if math.isnan(one[key]):
             assert math.isnan(two[key]), key
