@@ -318,7 +318,7 @@ class HACRLModule(pl.LightningModule):
                 rewards=None if part is not None else on_device(rewards[view.row_idx[rows]]),
             ), micro
 
-        diagnostics = self._grad_share(name, view, plan, micro_loss) if grad_share else {}
+        diagnostics = self._grad_share(name, opt, view, plan, micro_loss) if grad_share else {}
         grad_norms, skipped = [], []
         for m, mini in enumerate(plan.mini_batches):
             opt.zero_grad(set_to_none=True)
@@ -349,7 +349,7 @@ class HACRLModule(pl.LightningModule):
                 f"{name}/degenerate/zero_adv_frac":
                     float((advantages[order] == 0).float().mean()) if len(order) else 0.0}
 
-    def _grad_share(self, name: str, view: AgentView, plan: StepPlan, micro_loss) -> dict[str, float]:
+    def _grad_share(self, name: str, opt, view: AgentView, plan: StepPlan, micro_loss) -> dict[str, float]:
         """How much of learner `name`'s update comes from partners' responses, at the weights the step starts
         from (docs/training.md#diagnostics). The step's gradient g = Σ_m ∇ loss_m (every mini-batch, each
         normalised as in the update) splits exactly into g_self (own responses' terms and the KL) and
@@ -365,8 +365,10 @@ class HACRLModule(pl.LightningModule):
         (set to None) before the update starts. A part that no global mini-batch holds costs no pass (its
         norm is 0), so a learner without partners' responses (gspo_x2) gets a share of 0 for free."""
         start = time.perf_counter()
-        agent, (_, world) = self.agents[name], self._rank_world
-        params = [p for p in agent.parameters() if p.requires_grad]
+        _, world = self._rank_world
+        # the optimizer's parameters: under FSDP2 the sharded ones the gradients land on (between a forward
+        # and its backward, `agent.parameters()` may hold unsharded stand-ins)
+        params = [p for group in opt.param_groups for p in group["params"]]
         norms, saved = {}, []
         for part in ("self", "cross"):
             holds = view.is_own if part == "self" else ~view.is_own                         # [B]
