@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hacrl_lightning.agents import zoo
+from hacrl_lightning.agents.tokenizers import build_tokenizer
 from hacrl_lightning.agents.zoo import MANIFEST, PRESETS, ensure_built, read_manifest, resolve_cache_dir
 from hacrl_lightning.data import TASK_ALPHABET, format_answer
+from hacrl_lightning.data.synthetic import QUESTION
 
 from conftest import ZOO_AGENTS
 
@@ -45,6 +50,60 @@ def test_built_agents_reach_different_capabilities(zoo_agents, zoo_cache):
         assert fact["parameters"] < 1_000_000
     assert len({f["architecture"] for f in facts.values()}) == len(facts)
     assert len({f["vocab_size"] for f in facts.values()}) == len(facts)
+
+
+LEARNABLE = ("tiny_a", "tiny_b", "tiny_c", "tiny_d")
+"""The warm-started presets; tiny_qwen3 and tiny_llama32 keep random weights (no capability to measure)."""
+START_BAND = (0.15, 0.55)
+"""Held-out greedy accuracy a learnable preset starts at: its groups hold correct answers, and it has room to gain."""
+
+
+@pytest.mark.parametrize("name", LEARNABLE)
+def test_learnable_presets_start_in_the_band(zoo_cache, name):
+    facts = read_manifest(ensure_built(name, cache_dir=zoo_cache))["facts"]
+    assert START_BAND[0] <= facts["heldout_accuracy"] <= START_BAND[1], (name, facts["heldout_accuracy"])
+
+
+# --- distinct tokenizations -----------------------------------------------------------------------------
+
+
+def task_strings(n: int = 200, seed: int = 17) -> list[str]:
+    """Seeded random texts of the task, a quarter of each kind: questions (2-3 terms of up to 3 digits,
+    `+ - *`), bare answers (`\\boxed{-42}`), worked answers (`12 + 7 = \\boxed{19}`) and sentences."""
+    rng = random.Random(seed)
+    number = lambda: str(rng.randint(0, 999))  # noqa: E731
+    kinds = [
+        lambda: QUESTION.format(expression=" ".join([number()] + [f"{rng.choice('+-*')} {number()}"
+                                                                  for _ in range(rng.randint(1, 2))])),
+        lambda: format_answer(str(rng.randint(-999, 9999))),
+        lambda: f"{number()} {rng.choice('+-*')} {number()} = {format_answer(number())}",
+        lambda: f"So the answer is {format_answer(number())}.",
+    ]
+    return [kinds[i % len(kinds)]() for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def preset_tokenizers(zoo_cache) -> dict:
+    """Every preset's tokenizer, built as its build makes it (no model: tiny_d is not built for this)."""
+    return {name: build_tokenizer(spec.tokenizer, zoo.corpus(spec), spec.chat_template, cache_dir=zoo_cache)
+            for name, spec in PRESETS.items()}
+
+
+def cuts(tokenizer, text: str) -> tuple[int, ...]:
+    """Where `tokenizer` cuts `text`: each token's end offset (another numbering of the same pieces cuts
+    the same, so two such tokenizers would exercise no retokenization)."""
+    encoding = tokenizer(text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+    return tuple(end for _, end in encoding["offset_mapping"])
+
+
+@pytest.mark.parametrize("first,second", list(itertools.combinations(PRESETS, 2)))
+def test_every_pair_of_presets_cuts_most_task_texts_differently(preset_tokenizers, first, second):
+    """Before issue 17, tiny_b and tiny_d cut 100 of these 200 texts alike (every answer, bare or worked:
+    `\\ boxed { 4 2 }`). The closest pair now is tiny_b and tiny_qwen3 (60 alike: Qwen3 also splits digits
+    and keeps punctuation apart, so most bare answers are cut alike); the others cut at most 1 alike."""
+    texts = task_strings()
+    alike = [text for text in texts if cuts(preset_tokenizers[first], text) == cuts(preset_tokenizers[second], text)]
+    assert len(alike) <= len(texts) / 3, (first, second, len(alike), alike[:3])
 
 
 # --- lossless tokenizers -------------------------------------------------------------------------------
@@ -112,6 +171,20 @@ def test_a_damaged_entry_is_rebuilt(quick_preset, tmp_path):
     ensure_built("quick", cache_dir=tmp_path)
     assert builds("quick") == 3
     assert read_manifest(entry)["files"]["model.safetensors"]["sha256"] == digest  # deterministic builds
+
+
+def test_a_build_does_not_depend_on_the_thread_count(quick_preset, tmp_path):
+    """Builds run on `zoo.BUILD_THREADS` threads whatever the caller's count, which they restore."""
+    previous, digests = torch.get_num_threads(), set()
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            entry = ensure_built("quick", cache_dir=tmp_path / f"threads{threads}")
+            assert torch.get_num_threads() == threads
+            digests.add(read_manifest(entry)["files"]["model.safetensors"]["sha256"])
+    finally:
+        torch.set_num_threads(previous)
+    assert len(digests) == 1
 
 
 def test_a_partial_entry_is_never_used(quick_preset, tmp_path, monkeypatch):

