@@ -10,8 +10,8 @@ Keys of this script (`CompareConfig` below) are taken from the command line; eve
 `key=value` is a training override given to each run, exactly as to `scripts/train.py`. Every run
 is composed and validated before the first one starts (all problems at once, exit status 2). Each
 run is a `scripts/train.py` subprocess in `<out>/runs/<method>/seed<k>` with its log beside it.
-Re-running the same command skips finished runs (their `summary.json` exists) and resumes an
-interrupted run from its newest checkpoint, so a comparison survives interruptions. The outputs
+Re-running the same command skips finished runs whose saved config hashes to the same resolved
+settings (any other run is re-run with `overwrite=true`) and resumes an interrupted run from its newest checkpoint, so a comparison survives interruptions. The outputs
 are rewritten from all finished runs after each run: `results.csv`, `results.md` (with each method and
 agent's diagnostics, docs/training.md#diagnostics),
 `accuracy_vs_rollouts.png`, `final_accuracy.png` (and `step_time.png` for the scaling study).
