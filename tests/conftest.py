@@ -14,6 +14,7 @@ from typing import Callable, Dict
 import pytest
 from lightning.pytorch import Callback
 from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM
 
 from hacrl_lightning.agents import Agent
 from hacrl_lightning.agents.zoo import ENV_CACHE
@@ -87,6 +88,20 @@ def script_main() -> Callable[[str], Callable[[list[str]], int]]:
         return sys.modules[module_name].main
 
     return main_of
+
+
+@pytest.fixture
+def model_loads(monkeypatch) -> list:
+    """Every causal-LM `from_pretrained` call made during the test (the real one still runs)."""
+    calls = []
+    real = AutoModelForCausalLM.from_pretrained.__func__
+
+    def watched(cls, *args, **kwargs):
+        calls.append(args)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(watched))
+    return calls
 
 
 class StopAfter(Callback):

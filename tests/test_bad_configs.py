@@ -42,20 +42,6 @@ def files(tmp_path_factory, zoo_cache) -> dict[str, Path]:
             "run": root / "run_without_checkpoints", "zoo": zoo_cache, "padded": Path(padded)}
 
 
-@pytest.fixture
-def model_loads(monkeypatch) -> list:
-    """Every causal-LM `from_pretrained` call made during the test (the real one still runs)."""
-    calls = []
-    real = AutoModelForCausalLM.from_pretrained.__func__
-
-    def watched(cls, *args, **kwargs):
-        calls.append(args)
-        return real(cls, *args, **kwargs)
-
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(watched))
-    return calls
-
-
 # (case id, overrides (with {placeholders} from `files`), the key that must be reported)
 CASES = [
     ("unknown_agent", ["agents=[tiny_a,tiny_zz]"], "agents"),

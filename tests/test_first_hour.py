@@ -20,26 +20,11 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
-from transformers import AutoModelForCausalLM
 
 from hacrl_lightning.cli import compose_config
 from hacrl_lightning.config import DataConfig
 from hacrl_lightning.hub import download_command
 from hacrl_lightning.preflight import device_problems
-
-
-@pytest.fixture
-def model_loads(monkeypatch) -> list:
-    """Every causal-LM `from_pretrained` call made during the test (the real one still runs)."""
-    calls = []
-    real = AutoModelForCausalLM.from_pretrained.__func__
-
-    def watched(cls, *args, **kwargs):
-        calls.append(args)
-        return real(cls, *args, **kwargs)
-
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(watched))
-    return calls
 
 
 @pytest.fixture

@@ -1,12 +1,11 @@
 """math_verify_reward bounds itself: hostile answers are refused before sympy sees them, real ones still verify.
 
-The time bounds below are hang guards (measured figures are milliseconds; on main several of these ran
-for minutes or never finished), not timings.
+The timeout marks are hang guards (measured figures are milliseconds; on main several of these ran
+for minutes or never finished), not timings; that an answer is refused before parsing is asserted
+through `guard_problem`.
 """
 
 from __future__ import annotations
-
-import time
 
 import pytest
 
@@ -27,8 +26,6 @@ HOSTILE = {  # answer in the box -> the limit that refuses it
     "nested_braces": ("{" * 20 + "1" + "}" * 20, "MAX_NESTING"),
     "long_sum": ("1+" * 50_000 + "1", "MAX_ANSWER_CHARS"),
 }
-GUARD_S = 10.0
-"""Hang guard per item: refused items take milliseconds; on main the tower never returned."""
 
 
 @pytest.mark.timeout(300, method="thread")  # a hang in C (big-int power) ignores signals: end the session
@@ -36,19 +33,15 @@ GUARD_S = 10.0
 def test_hostile_answers_score_zero_without_running_sympy(name):
     answer, limit = HOSTILE[name]
     assert limit in guard_problem(answer)
-    math_verify_reward("\\boxed{1}", "1")  # math-verify's one-time grammar set-up is not the item's
-    start = time.perf_counter()
     assert math_verify_reward(f"so \\boxed{{{answer}}}", "1") == 0.0
-    assert time.perf_counter() - start < GUARD_S
-    assert math_verify_reward(f"so \\boxed{{1}}", answer) == 0.0  # as gold: unscorable, never correct
+    assert math_verify_reward("so \\boxed{1}", answer) == 0.0  # as gold: unscorable, never correct
 
 
 @pytest.mark.timeout(300, method="thread")
 def test_unclosed_boxes_and_a_megabyte_response_return_at_once():
-    start = time.perf_counter()
     assert math_verify_reward("\\boxed{" * 4000, "1") == 0.0
     assert math_verify_reward("x" * 1_000_000 + "\\boxed{" + "7" * 1_000_000 + "}", "7") == 0.0
-    assert time.perf_counter() - start < GUARD_S
+    assert guard_problem("7" * 1_000_000)  # the megabyte answer is refused by length, before parsing
 
 
 # (gold, answer in the box): real MATH-500 / GSM8K / fixture answers, each equal; identical verdicts on main

@@ -276,3 +276,33 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_message_and_kept_aside(tm
 
 def test_the_default_config_checkpoints_on_a_time_cadence():
     assert TrainConfig().trainer.checkpoint_minutes == 15.0
+
+
+def test_sigterm_to_rank_zero_stops_both_ranks_after_the_same_step_and_the_run_resumes(tmp_path, zoo_cache):
+    """2 gloo ranks with per-agent FSDP2 (tests/fsdp_run.py, a checkpoint every step): SIGTERM reaches only the
+    launching process (rank zero); the stop decision is all-reduced, so rank one stops after the same step."""
+    script, run = str(REPO / "tests" / "fsdp_run.py"), tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, script, str(run), str(zoo_cache), "30"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.monotonic() + 240
+    while not (run / "checkpoints" / "step_0000001.ckpt").exists() and proc.poll() is None:
+        assert time.monotonic() < deadline, "no step-1 checkpoint within 240 s"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-3000:]  # fsdp_run.py returns the summary's run, not the CLI's exit code
+    done = [line for line in out.splitlines() if line.startswith("RANK-DONE")]
+    assert len(done) == 2 and done[0] == done[1], out[-3000:]  # same steps and updates on both ranks
+    summary = json.loads((run / "summary.json").read_text())
+    steps = summary["steps"]
+    assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM" and 1 <= steps < 30
+    assert done[0] == f"RANK-DONE steps={steps} updates={[UPDATES_PER_STEP * steps] * 2}"
+    assert summary["last_checkpoint"] == str(run / "checkpoints" / f"step_{steps:07d}.ckpt")
+    assert Path(summary["last_checkpoint"]).is_dir()  # a distributed checkpoint, one shard per rank
+
+    resumed = subprocess.run([sys.executable, script, str(run), str(zoo_cache), str(steps + 1), "resume"],
+                             capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.count(f"RANK-DONE steps={steps + 1}") == 2
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["sessions"] == 2
