@@ -107,6 +107,10 @@ PUNCTUATION_JOINS_WORD = r" ?[^\s\p{L}\p{N}]*\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 """A `pattern` like GPT-2's regex except that a run of punctuation joins the word after it: `\\boxed`,
 ` \\boxed` are pieces where GPT-2's regex cuts `\\` | `boxed` and ` \\` | `boxed`."""
 
+WORD_TAKES_SPACE = r"\p{L}+ ?|\p{N}+ ?|[^\s\p{L}\p{N}]+ ?|\s+"
+"""A `pattern` where a word, number or run of punctuation takes the space after it (`What ` | `is `), where
+GPT-2's regex gives the space to the next word (`What` | ` is`): every word boundary is cut elsewhere."""
+
 
 def _bpe_model(spec: TokenizerSpec, corpus: Iterable[str]) -> Tokenizer:
     raw = Tokenizer(models.BPE())
