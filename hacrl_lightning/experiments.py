@@ -1,13 +1,15 @@
 """Comparisons over seeds: what to run (arms x seeds), and what the finished runs say (rows, intervals, plots).
 
 An *arm* is a labelled set of training overrides (`hacpo` = `algorithm=hacpo`; `n3_cs2` = three
-agents, two partner samples per prompt). `plan_runs` crosses arms with seeds into `RunSpec`s, each
+agents, two partner samples per prompt; `tiny_a+tiny_c/hacpo` = that pair under HACPO, the capability-gap
+study, whose arms are compared within their pair). `plan_runs` crosses arms with seeds into `RunSpec`s, each
 with its own run directory. A run is reused only when it finished (its `summary.json` exists, written
 atomically by `training.train`) under the same resolved config: `config_hash` hashes the resolved
 config (the text a run saves as `config.yaml`) without `HASH_IGNORES`, and a spec knows the hash its
 run must have. `result_rows` turns summaries into one row per (arm, agent, seed);
 `summarize` gives mean and Student-t 95% confidence intervals over seeds; `paired_gaps` compares
-each arm with a reference arm seed by seed (same seed = same prompt order and initial agents).
+each arm with a reference arm seed by seed (same seed = same prompt order and initial agents), and
+`equal_rollout_gaps` does so at an equal number of rollouts generated (GSPO×2 halfway against HACPO at the end).
 
 Deliberately not here: launching runs and Hydra (`scripts/compare.py` runs each job through
 `scripts/train.py`), and any training (`training.py`).
@@ -134,6 +136,26 @@ def scaling_arms(agent_sets: Iterable[Sequence[str]], cross_samples: Iterable[An
     return arms
 
 
+def capability_arms(pairs: Iterable[Sequence[str]], methods: Iterable[str]) -> list[Arm]:
+    """One arm per (agent pair, method), named `<pair>/<method>` (`tiny_a+tiny_c/hacpo`): the capability-gap
+    study compares the methods within each pair, on pairs whose starting accuracies lie closer or further apart."""
+    methods = list(methods)
+    return [Arm(f"{pair_label(pair)}/{method}", (f"algorithm={method}", f"agents=[{','.join(pair)}]"))
+            for pair in pairs for method in methods]
+
+
+def pair_label(agents: Sequence[str]) -> str:
+    """The name of an agent set in arm names: `tiny_a+tiny_c`."""
+    return "+".join(agents)
+
+
+def arm_group(name: str) -> tuple[str, str]:
+    """(group, method) of an arm name: `tiny_a+tiny_c/hacpo` -> (`tiny_a+tiny_c`, `hacpo`); ("", name) for an
+    arm without a group (the methods and scaling studies)."""
+    group, _, method = name.rpartition("/")
+    return group, method
+
+
 def duplicate_names(arms: Sequence[Arm]) -> list[str]:
     """Arm names that occur more than once (two arms would share one run directory)."""
     names = [arm.name for arm in arms]
@@ -236,18 +258,52 @@ def _nan_mean(values: Sequence[float]) -> float:
 
 
 def paired_gaps(rows: Sequence[dict[str, Any]], *, reference: str) -> list[dict[str, Any]]:
-    """Final accuracy of `reference` minus each other method, per agent, paired by seed (mean, CI)."""
+    """Final accuracy of `reference` minus each other method, per agent, paired by seed (mean, CI). Arms named
+    `<group>/<method>` (capability study) are compared with `<group>/<reference>`, within their group only."""
     groups = _by_method_agent(rows)
     gaps = []
     for (method, agent), group in groups.items():
-        if method == reference or (reference, agent) not in groups:
+        prefix = arm_group(method)[0]
+        ref_name = f"{prefix}/{reference}" if prefix else reference
+        if method == ref_name or (ref_name, agent) not in groups:
             continue
-        ref = {r["seed"]: r["final_acc"] for r in groups[(reference, agent)]}
+        ref = {r["seed"]: r["final_acc"] for r in groups[(ref_name, agent)]}
         diffs = [ref[r["seed"]] - r["final_acc"] for r in group if r["seed"] in ref]
         if diffs:
             gap, ci = mean_ci(diffs)
-            gaps.append({"reference": reference, "method": method, "agent": agent, "seeds": len(diffs),
+            gaps.append({"reference": ref_name, "method": method, "agent": agent, "seeds": len(diffs),
                          "gap": gap, "gap_ci": ci})
+    return gaps
+
+
+def equal_rollout_gaps(specs: Iterable[RunSpec], *, reference: str) -> list[dict[str, Any]]:
+    """The reference's final accuracy minus each other arm's accuracy at the evaluation where that arm had
+    generated as many rollouts as the reference did in its whole run (GSPO×2 after half its steps against HACPO
+    at the end), per agent, paired by seed. Only arms that generate more rollouts per step, and only when such an
+    evaluation exists (the evaluation cadence must hit that count exactly). Groups as in `paired_gaps`."""
+    histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for spec in specs:
+        if spec.done:
+            histories[(spec.arm.name, spec.seed)] = spec.summary()["eval_history"]
+    diffs: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for (name, seed), history in histories.items():
+        prefix = arm_group(name)[0]
+        ref_name = f"{prefix}/{reference}" if prefix else reference
+        ref_history = histories.get((ref_name, seed))
+        if name == ref_name or not ref_history:
+            continue
+        for agent, ref_score in ref_history[-1]["scores"].items():
+            budget = ref_history[-1]["rollouts_generated"][agent]
+            if history[-1]["rollouts_generated"].get(agent, 0) <= budget:
+                continue
+            same = [h for h in history if h["rollouts_generated"].get(agent) == budget]
+            if same:
+                diffs[(ref_name, name, agent)].append(ref_score["acc"] - same[0]["scores"][agent]["acc"])
+    gaps = []
+    for (ref_name, name, agent), values in diffs.items():
+        gap, ci = mean_ci(values)
+        gaps.append({"reference": ref_name, "method": name, "agent": agent, "seeds": len(values), "gap": gap,
+                     "gap_ci": ci})
     return gaps
 
 
@@ -258,9 +314,29 @@ def _pm(mean: float, ci: float) -> str:
     return f"{mean:.3f}" if math.isnan(ci) else f"{mean:.3f} ± {ci:.3f}"
 
 
+def _interval(gap: dict[str, Any]) -> str:
+    if math.isnan(gap["gap_ci"]):
+        return "n/a"
+    return f"[{gap['gap'] - gap['gap_ci']:+.3f}, {gap['gap'] + gap['gap_ci']:+.3f}]"
+
+
+def _gap_table(gaps: Sequence[dict[str, Any]], heading: str, explanation: str) -> list[str]:
+    """A gap table under `## <reference> <heading>` (`each pair's <method>` when arms are grouped in pairs)."""
+    if not gaps:
+        return []
+    references = list(dict.fromkeys(g["reference"] for g in gaps))
+    reference = references[0] if len(references) == 1 else f"each pair's {arm_group(references[0])[1]}"
+    lines = ["", f"## {reference} {heading}", "", explanation, "", "| reference | method | agent | seeds | gap | 95% interval |",
+             "|---|---|---|---:|---:|---|"]
+    lines += [f"| {g['reference']} | {g['method']} | {g['agent']} | {g['seeds']} | {g['gap']:+.3f} | {_interval(g)} |"
+              for g in gaps]
+    return lines
+
+
 def markdown_report(table: Sequence[dict[str, Any]], gaps: Sequence[dict[str, Any]], *, title: str,
-                    notes: Sequence[str] = ()) -> str:
-    """`results.md`: the per-method table, and the paired gaps to the reference method."""
+                    notes: Sequence[str] = (), equal_rollout: Sequence[dict[str, Any]] = ()) -> str:
+    """`results.md`: the per-method table, the paired gaps to the reference (at the end of the runs, and at an
+    equal number of rollouts generated), and the diagnostics."""
     lines = [f"# {title}", "", *notes, "" if notes else "",
              "Final held-out accuracy: mean over seeds ± half-width of the 95% Student-t interval. "
              "Gain = final − initial accuracy of the same agent, per seed. Costs are per agent per run.", "",
@@ -272,14 +348,11 @@ def markdown_report(table: Sequence[dict[str, Any]], gaps: Sequence[dict[str, An
                      f"{_pm(r['final_acc'], r['final_ci'])} | {_pm(r['gain'], r['gain_ci'])} | "
                      f"{r['rollouts_generated']:.0f} | {r['responses_trained']:.0f} | {r['optimizer_updates']:.0f} | "
                      f"{r['step_s']:.2f} |")
-    if gaps:
-        ref = gaps[0]["reference"]
-        lines += ["", f"## {ref} minus each method (final accuracy, paired by seed)", "",
-                  "Positive: the reference is better. The interval excludes 0 when the gap is significant at 95%.", "",
-                  "| method | agent | seeds | gap | 95% interval |", "|---|---|---:|---:|---|"]
-        for g in gaps:
-            interval = "n/a" if math.isnan(g["gap_ci"]) else f"[{g['gap'] - g['gap_ci']:+.3f}, {g['gap'] + g['gap_ci']:+.3f}]"
-            lines.append(f"| {g['method']} | {g['agent']} | {g['seeds']} | {g['gap']:+.3f} | {interval} |")
+    lines += _gap_table(gaps, "minus each method (final accuracy, paired by seed)",
+                        "Positive: the reference is better. The interval excludes 0 when the gap is significant at 95%.")
+    lines += _gap_table(equal_rollout, "minus each method at an equal number of rollouts generated",
+                        "The reference's final accuracy minus the method's accuracy at the evaluation where it had "
+                        "generated as many rollouts as the reference's whole run (e.g. GSPO×2 after half its steps).")
     return "\n".join(lines + _diagnostics_table(table)) + "\n"
 
 
@@ -400,6 +473,47 @@ def plot_step_time(table: Sequence[dict[str, Any]], path: Path) -> Path:
     for ax in (left, right):
         ax.tick_params(axis="x", rotation=20)
         ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_gap_vs_capability(table: Sequence[dict[str, Any]], gaps: Sequence[dict[str, Any]], path: Path, *,
+                           reference: str = "hacpo") -> Path:
+    """Capability study: one panel per compared method, the paired gap `reference − method` (95% interval as
+    error bars) of each agent of a pair against the pair's difference in starting accuracy (partner − first)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    initial = {(r["method"], r["agent"]): r["initial_acc"] for r in table}
+    others = list(dict.fromkeys(arm_group(g["method"])[1] for g in gaps))
+    fig, axes = plt.subplots(1, max(1, len(others)), figsize=(5.5 * max(1, len(others)), 4), squeeze=False)
+    for ax, other in zip(axes[0], others):
+        points: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+        for g in gaps:
+            group, method = arm_group(g["method"])
+            if method != other:
+                continue
+            agents = group.split("+")
+            if len(agents) != 2 or any((g["reference"], a) not in initial for a in agents):
+                continue
+            spread = initial[(g["reference"], agents[1])] - initial[(g["reference"], agents[0])]
+            role = "first agent" if g["agent"] == agents[0] else "partner"
+            points[role].append((spread, g["gap"], 0.0 if math.isnan(g["gap_ci"]) else g["gap_ci"]))
+        for offset, (role, values) in zip((-0.004, 0.004), sorted(points.items())):
+            values.sort()
+            ax.errorbar([x + offset for x, _, _ in values], [y for _, y, _ in values],
+                        yerr=[c for _, _, c in values], marker="o", capsize=3, label=role)
+        ax.axhline(0.0, color="grey", linewidth=1)
+        ax.set_title(f"{reference} − {other}")
+        ax.set_xlabel("starting accuracy: partner − first agent")
+        ax.set_ylabel("final accuracy gap (95% interval)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -4,6 +4,7 @@
     python scripts/compare.py methods=[gspo_x2,hacpo] seeds=[0,1,2] trainer.steps=100
     python scripts/compare.py methods=[hacpo] ablations=[hacpo_no_adv,hacpo_no_omega]
     python scripts/compare.py study=scaling seeds=[0,1,2]        # n = 2, 3, 4 zoo agents, all vs 2 partner samples
+    python scripts/compare.py study=capability methods=[gspo_x2,naive,hacpo]   # pairs close / apart in skill
     python scripts/compare.py out=runs/compare/mine jobs=2 agents=[tiny_a,tiny_c]
 
 Keys of this script (`CompareConfig` below) are taken from the command line; every other
@@ -14,7 +15,8 @@ Re-running the same command skips finished runs whose saved config hashes to the
 settings (any other run is re-run with `overwrite=true`) and resumes an interrupted run from its newest checkpoint, so a comparison survives interruptions. The outputs
 are rewritten from all finished runs after each run: `results.csv`, `results.md` (with each method and
 agent's diagnostics, docs/training.md#diagnostics),
-`accuracy_vs_rollouts.png`, `final_accuracy.png` (and `step_time.png` for the scaling study).
+`accuracy_vs_rollouts.png`, `final_accuracy.png` (and `step_time.png` for the scaling study, `gap_vs_capability.png`
+for the capability study).
 """
 
 from __future__ import annotations
@@ -37,17 +39,24 @@ from hacrl_lightning.errors import ConfigError, Problem
 METHODS = ["grpo", "gspo", "gspo_x2", "naive", "hacpo"]
 ABLATIONS = ["hacpo_no_adv", "hacpo_no_omega", "hacpo_alpha0", "hacpo_no_stepwise", "hacpo_no_clip"]
 ZOO_SETS = [["tiny_a", "tiny_b"], ["tiny_a", "tiny_b", "tiny_c"], ["tiny_a", "tiny_b", "tiny_c", "tiny_d"]]
+ZOO_PAIRS = [["tiny_a", "tiny_b"], ["tiny_a", "tiny_c"], ["tiny_a", "tiny_e"]]
+"""tiny_a (0.215 held-out) with a partner close to it (0.266), moderately apart (0.387) and far apart (0.582)."""
+STUDIES = ("methods", "scaling", "capability")
 
 
 @dataclass
 class CompareConfig:
     study: str = "methods"
-    """`methods`: one arm per entry of `methods` + `ablations`; `scaling`: agent sets x partner samples."""
+    """`methods`: one arm per entry of `methods` + `ablations`; `scaling`: agent sets x partner samples;
+    `capability`: agent pairs x `methods`, each method compared with `reference` within its pair."""
     methods: List[str] = field(default_factory=lambda: list(METHODS))
     ablations: List[str] = field(default_factory=list)
     seeds: List[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
     reference: str = "hacpo"
-    """Method the others are compared with, seed by seed, in results.md."""
+    """Method the others are compared with, seed by seed, in results.md (the scaling study: its first arm, n2)."""
+    pairs: List[List[str]] = field(default_factory=lambda: [list(p) for p in ZOO_PAIRS])
+    """Capability study: the agent pairs, the first agent the same in each (the x axis of the gap plot is the
+    partner's starting accuracy minus the first agent's)."""
     agent_sets: List[List[str]] = field(default_factory=lambda: [list(s) for s in ZOO_SETS])
     """Scaling study: the agent sets (n = 2, 3, 4 by default)."""
     cross_samples: List[Any] = field(default_factory=lambda: ["all", 2])
@@ -71,8 +80,11 @@ def parse_args(argv: list[str]) -> tuple[CompareConfig, list[str]]:
                                    str(err).splitlines()[0])]) from None
     cfg: CompareConfig = OmegaConf.to_object(merged)
     problems = []
-    if cfg.study not in ("methods", "scaling"):
-        problems.append(Problem("study", cfg.study, "methods | scaling", "set study=methods or study=scaling"))
+    if cfg.study not in STUDIES:
+        problems.append(Problem("study", cfg.study, " | ".join(STUDIES), "set study=methods, scaling or capability"))
+    if cfg.study == "capability" and (not cfg.pairs or any(len(p) != 2 or p[0] == p[1] for p in cfg.pairs)):
+        problems.append(Problem("pairs", cfg.pairs, "a non-empty list of pairs of two different agents",
+                                "e.g. pairs=[[tiny_a,tiny_b],[tiny_a,tiny_e]]"))
     if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
         problems.append(Problem("seeds", cfg.seeds, "a non-empty list of distinct integers", "e.g. seeds=[0,1,2]"))
     if cfg.jobs < 1:
@@ -88,6 +100,9 @@ def plan(cfg: CompareConfig) -> tuple[list[ex.Arm], Path]:
         arms = ex.scaling_arms(cfg.agent_sets, cfg.cross_samples)
         key, fix = "agent_sets / cross_samples", ("arms are named by agent count and partner samples (n2, n2_cs2): "
                                                   "give one agent set per size and each cross_samples value once")
+    elif cfg.study == "capability":
+        arms = ex.capability_arms(cfg.pairs, [*cfg.methods, *cfg.ablations])
+        key, fix = "pairs / methods", "name each pair and each method once"
     else:
         arms = ex.method_arms([*cfg.methods, *cfg.ablations])
         key, fix = "methods / ablations", "name each method once, in methods or in ablations"
@@ -153,17 +168,22 @@ def write_outputs(cfg: CompareConfig, specs: list[ex.RunSpec], out: Path, traini
     if not rows:
         return {}
     table = ex.summarize(rows)
-    gaps = ex.paired_gaps(rows, reference=cfg.reference) if cfg.study == "methods" else []
+    reference = specs[0].arm.name if cfg.study == "scaling" else cfg.reference
+    gaps = ex.paired_gaps(rows, reference=reference)
+    equal = ex.equal_rollout_gaps(specs, reference=reference)
     notes = [f"Command: `python scripts/compare.py {' '.join(sys.argv[1:])}`".rstrip(),
              f"Finished runs: {sum(s.done for s in specs)} of {len(specs)}; seeds {cfg.seeds}; "
              f"training overrides: {' '.join(training) or '(none)'}"]
     paths = {"csv": ex.write_csv(rows, out / "results.csv")}
     paths["md"] = out / "results.md"
-    paths["md"].write_text(ex.markdown_report(table, gaps, title=f"Comparison ({cfg.study})", notes=notes))
+    paths["md"].write_text(ex.markdown_report(table, gaps, title=f"Comparison ({cfg.study})", notes=notes,
+                                              equal_rollout=equal))
     paths["curves"] = ex.plot_accuracy_vs_rollouts(ex.accuracy_curves(specs), out / "accuracy_vs_rollouts.png")
     paths["bars"] = ex.plot_final_accuracy(table, out / "final_accuracy.png")
     if cfg.study == "scaling":
         paths["step_time"] = ex.plot_step_time(table, out / "step_time.png")
+    if cfg.study == "capability" and gaps:
+        paths["gap"] = ex.plot_gap_vs_capability(table, gaps, out / "gap_vs_capability.png", reference=reference)
     return paths
 
 

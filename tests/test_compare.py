@@ -134,7 +134,7 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
         assert float(hacpo["omega_mean"]) > 0
 
     report = (out / "results.md").read_text()
-    assert "| hacpo | tiny_b | 2 |" in report and "hacpo minus each method" in report
+    assert "| hacpo | tiny_b | 2 |" in report and "## hacpo minus each method" in report
     assert "## Diagnostics" in report and "| cross grad share |" in report
     for name in ("accuracy_vs_rollouts.png", "final_accuracy.png"):
         with Image.open(out / name) as image:
@@ -175,3 +175,94 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
         key: stamp for key, stamp in stamps.items() if key != ("grpo", 1)}
     with (out / "results.csv").open() as handle:
         assert {r["steps"] for r in csv.DictReader(handle)} == {"2"}
+
+
+# --- the capability-gap study (issue 17) ---------------------------------------------------------------
+
+
+def test_capability_arms_are_pairs_times_methods_and_gaps_stay_within_a_pair():
+    arms = ex.capability_arms([["x", "y"], ["x", "z"]], ["gspo_x2", "hacpo"])
+    assert [a.name for a in arms] == ["x+y/gspo_x2", "x+y/hacpo", "x+z/gspo_x2", "x+z/hacpo"]
+    assert arms[3].overrides == ("algorithm=hacpo", "agents=[x,z]")
+    assert ex.arm_group("x+z/hacpo") == ("x+z", "hacpo") and ex.arm_group("n3_cs2") == ("", "n3_cs2")
+    assert ex.plan_runs(arms, [0], Path("/out"))[1].run_dir == Path("/out/runs/x+y/hacpo/seed0")
+    rows = [_row("x+y/hacpo", "x", 0, 0.2, 0.5), _row("x+y/hacpo", "x", 1, 0.2, 0.6),
+            _row("x+y/gspo_x2", "x", 0, 0.2, 0.4), _row("x+y/gspo_x2", "x", 1, 0.2, 0.4),
+            _row("x+z/hacpo", "x", 0, 0.2, 0.3), _row("x+z/gspo_x2", "x", 0, 0.2, 0.35)]
+    gaps = {g["method"]: g for g in ex.paired_gaps(rows, reference="hacpo")}
+    assert set(gaps) == {"x+y/gspo_x2", "x+z/gspo_x2"}  # each against its own pair's hacpo, never across pairs
+    assert gaps["x+y/gspo_x2"]["reference"] == "x+y/hacpo" and gaps["x+y/gspo_x2"]["gap"] == pytest.approx(0.15)
+    assert gaps["x+z/gspo_x2"]["gap"] == pytest.approx(-0.05) and gaps["x+z/gspo_x2"]["seeds"] == 1
+    report = ex.markdown_report(ex.summarize(rows), list(gaps.values()), title="t")
+    assert "## each pair's hacpo minus each method" in report and "| x+y/hacpo | x+y/gspo_x2 | x | 2 | +0.150 |" in report
+
+
+def _finished(run_dir: Path, history: list[tuple[int, float]]) -> None:
+    """A run directory holding a summary.json whose eval_history is (rollouts generated, accuracy) of agent x."""
+    import json
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"eval_history": [
+        {"rollouts_generated": {"x": rollouts}, "scores": {"x": {"acc": acc}}} for rollouts, acc in history]}))
+
+
+def test_equal_rollout_gaps_compare_the_reference_end_with_the_method_at_the_same_rollout_count(tmp_path):
+    arms = ex.method_arms(["gspo_x2", "gspo", "hacpo"])
+    specs = ex.plan_runs(arms, [0, 1], tmp_path)
+    curves = {("hacpo", 0): [(0, 0.2), (32, 0.3), (64, 0.5)], ("hacpo", 1): [(0, 0.2), (32, 0.4), (64, 0.6)],
+              ("gspo_x2", 0): [(0, 0.2), (64, 0.45), (128, 0.7)], ("gspo_x2", 1): [(0, 0.2), (64, 0.4), (128, 0.8)],
+              ("gspo", 0): [(0, 0.2), (32, 0.3), (64, 0.1)], ("gspo", 1): [(0, 0.2), (32, 0.3), (64, 0.1)]}
+    for spec in specs:
+        _finished(spec.run_dir, curves[(spec.arm.name, spec.seed)])
+    (gap,) = ex.equal_rollout_gaps(specs, reference="hacpo")  # gspo generates no more than hacpo: not compared
+    # hacpo at 64 rollouts (0.5, 0.6) against gspo_x2 at its 64 (0.45, 0.4): differences 0.05 and 0.2
+    assert (gap["method"], gap["agent"], gap["seeds"]) == ("gspo_x2", "x", 2)
+    assert gap["gap"] == pytest.approx(0.125)
+    assert gap["gap_ci"] == pytest.approx(12.7062 * math.sqrt(((0.05 - 0.125) ** 2 + (0.2 - 0.125) ** 2)) / math.sqrt(2),
+                                          rel=1e-4)
+
+
+CAPABILITY = ["study=capability", "pairs=[[tiny_a,tiny_b],[tiny_a,tiny_c]]", "methods=[gspo_x2,hacpo]", "seeds=[0]",
+              "jobs=2", "trainer.steps=2", "trainer.eval_every=1", "data.eval_size=4", "data.prompts_per_step=4",
+              "trainer.mini_batch_prompts=2", "trainer.export_agents=false", "trainer.diagnostics_every=0"]
+
+
+def test_quick_capability_study_compares_within_pairs_and_reruns_only_changed_arms(tmp_path, zoo_cache, script_main,
+                                                                                   capsys, monkeypatch):
+    for name in ("tiny_a", "tiny_b", "tiny_c", "tiny_d"):  # build once here, not in racing subprocesses
+        ensure_built(name, cache_dir=zoo_cache)
+    out = tmp_path / "cap"
+    proc = _compare([*CAPABILITY, f"out={out}"], zoo_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with (out / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted({(r["method"], r["agent"]) for r in rows}) == sorted(
+        (f"tiny_a+{p}/{m}", a) for p in ("tiny_b", "tiny_c") for m in ("gspo_x2", "hacpo") for a in ("tiny_a", p))
+    report = (out / "results.md").read_text()
+    assert "## each pair's hacpo minus each method (final" in report
+    assert "| tiny_a+tiny_c/hacpo | tiny_a+tiny_c/gspo_x2 | tiny_c | 1 |" in report
+    # GSPO×2 generates 32 rollouts per agent in step 1, as many as HACPO in its 2 steps: compared there too
+    assert "minus each method at an equal number of rollouts generated" in report
+    assert "| tiny_a+tiny_b/hacpo | tiny_a+tiny_b/gspo_x2 | tiny_b | 1 |" in report.split("equal number")[1]
+    with Image.open(out / "gap_vs_capability.png") as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] > 300
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"compare started a process: {args}")
+
+    with monkeypatch.context() as patch:  # the same study again: every run is reused
+        patch.setattr(subprocess, "Popen", no_process)
+        assert script_main("compare")([*CAPABILITY, f"out={out}"]) == 0
+    assert "4 runs (4 already finished)" in capsys.readouterr().out
+
+    # another partner for the second pair: only its arms run; the tiny_a+tiny_b runs are reused untouched
+    kept = out / "runs" / "tiny_a+tiny_b" / "hacpo" / "seed0" / "summary.json"
+    stamp = kept.stat().st_mtime_ns
+    changed = [arg.replace("tiny_c", "tiny_d") for arg in CAPABILITY]
+    assert script_main("compare")([*changed, f"out={out}"]) == 0
+    console = capsys.readouterr().out
+    assert "4 runs (2 already finished)" in console
+    assert sorted(line.split()[1] for line in console.splitlines() if line.startswith("  start")) == [
+        "tiny_a+tiny_d/gspo_x2", "tiny_a+tiny_d/hacpo"]
+    assert kept.stat().st_mtime_ns == stamp
