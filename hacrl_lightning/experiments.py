@@ -29,9 +29,11 @@ from typing import Any, Iterable, Sequence
 from hacrl_lightning.config import RUN_LOCATION_KEYS
 
 DIAGNOSTIC_COLUMNS = ("cross_nograd_frac_correct", "cross_nograd_frac_wrong", "self_nograd_frac_correct",
-                      "self_nograd_frac_wrong", "cross_grad_share", "grad_cos_self_cross", "omega_mean")
+                      "self_nograd_frac_wrong", "cross_grad_share", "grad_cos_self_cross", "omega_first", "omega_mean",
+                      "omega_last")
 """The run's diagnostics (summary.json `agents.*.diagnostics`, docs/training.md#diagnostics): means over its
-steps; `omega_mean` is the mean over partners of each partner's mean ω. nan where the run has none."""
+steps; `omega_first` / `omega_mean` / `omega_last` are the means over partners of each partner's ω at the first
+step, over all steps and at the last step (ω over time). nan where the run has none."""
 RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "rollouts_generated", "responses_trained",
                   "optimizer_updates", "wall_s", "n_agents", "steps", "step_s", *DIAGNOSTIC_COLUMNS)
 """Columns of `results.csv`, one row per method (arm) x agent x seed."""
@@ -191,9 +193,10 @@ def result_rows(spec: RunSpec, summary: dict[str, Any]) -> list[dict[str, Any]]:
 def diagnostic_values(diagnostics: dict[str, Any]) -> dict[str, float]:
     """`DIAGNOSTIC_COLUMNS` of one agent's summary block (nan for what it lacks: an older run, a value never measured)."""
     values = {key: math.nan if diagnostics.get(key) is None else float(diagnostics[key])
-              for key in DIAGNOSTIC_COLUMNS if key != "omega_mean"}
-    omega = [partner["mean"] for partner in diagnostics.get("omega", {}).values()]
-    values["omega_mean"] = sum(omega) / len(omega) if omega else math.nan
+              for key in DIAGNOSTIC_COLUMNS if not key.startswith("omega_")}
+    partners = list(diagnostics.get("omega", {}).values())
+    for when in ("first", "mean", "last"):
+        values[f"omega_{when}"] = sum(p[when] for p in partners) / len(partners) if partners else math.nan
     return values
 
 
@@ -365,10 +368,11 @@ def _diagnostics_table(table: Sequence[dict[str, Any]]) -> list[str]:
              "Mean over seeds of each run's mean over steps (docs/training.md#diagnostics). No-gradient: the "
              "fraction of the learner's own or partners' correct / wrong responses that the clip leaves "
              "without gradient. Cross share: ‖g_cross‖ / (‖g_self‖ + ‖g_cross‖) of the step's gradient; "
-             "cos: cosine between the two parts; ω: mean factor on partners' responses. '-': not measured.", "",
+             "cos: cosine between the two parts; ω: factor on partners' responses (mean over partners) at the "
+             "first step, over all steps and at the last step. '-': not measured.", "",
              "| method | agent | cross no-grad, correct | cross no-grad, wrong | own no-grad, correct "
-             "| own no-grad, wrong | cross grad share | cos(self, cross) | ω |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| own no-grad, wrong | cross grad share | cos(self, cross) | ω first | ω mean | ω last |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in table:
         cells = " | ".join(shown(r.get(key, math.nan)) for key in DIAGNOSTIC_COLUMNS)
         lines.append(f"| {r['method']} | {r['agent']} | {cells} |")

@@ -180,6 +180,14 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
 # --- the capability-gap study (issue 17) ---------------------------------------------------------------
 
 
+def test_diagnostic_values_average_omega_over_partners_at_the_first_step_overall_and_at_the_last():
+    values = ex.diagnostic_values({"cross_grad_share": 0.25, "omega": {"p": {"first": 0.2, "mean": 1.0, "last": 1.5},
+                                                                        "q": {"first": 0.6, "mean": 2.0, "last": 2.5}}})
+    assert values["cross_grad_share"] == 0.25 and math.isnan(values["grad_cos_self_cross"])
+    assert (values["omega_first"], values["omega_mean"], values["omega_last"]) == pytest.approx((0.4, 1.5, 2.0))
+    assert all(math.isnan(v) for k, v in ex.diagnostic_values({}).items())  # a run without diagnostics
+
+
 def test_capability_arms_are_pairs_times_methods_and_gaps_stay_within_a_pair():
     arms = ex.capability_arms([["x", "y"], ["x", "z"]], ["gspo_x2", "hacpo"])
     assert [a.name for a in arms] == ["x+y/gspo_x2", "x+y/hacpo", "x+z/gspo_x2", "x+z/hacpo"]
