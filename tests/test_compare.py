@@ -91,6 +91,15 @@ def test_compare_refuses_an_arm_named_twice_before_running(tmp_path, script_main
     assert not out.exists()
 
 
+@pytest.mark.parametrize("pairs", ["[[tiny_a]]", "[[tiny_a,tiny_a]]", "[[tiny_a,tiny_b,tiny_c]]", "[]"])
+def test_capability_study_refuses_what_is_not_a_pair_of_two_agents(tmp_path, script_main, capsys, pairs):
+    out = tmp_path / "cmp"
+    assert script_main("compare")(["study=capability", f"pairs={pairs}", "seeds=[0]", f"out={out}"]) == 2
+    stderr = capsys.readouterr().err
+    assert "pairs" in stderr and "two different agents" in stderr and "Traceback" not in stderr
+    assert not out.exists()
+
+
 def test_resolved_values_hash_every_value_but_where_the_run_lives():
     from omegaconf import OmegaConf
 
