@@ -246,7 +246,7 @@ CAPABILITY = ["study=capability", "pairs=[[tiny_a,tiny_b],[tiny_a,tiny_c]]", "me
 
 def test_quick_capability_study_compares_within_pairs_and_reruns_only_changed_arms(tmp_path, zoo_cache, script_main,
                                                                                    capsys, monkeypatch):
-    for name in ("tiny_a", "tiny_b", "tiny_c", "tiny_d"):  # build once here, not in racing subprocesses
+    for name in ("tiny_a", "tiny_b", "tiny_c"):  # build once here, not in racing subprocesses
         ensure_built(name, cache_dir=zoo_cache)
     out = tmp_path / "cap"
     proc = _compare([*CAPABILITY, f"out={out}"], zoo_cache)
@@ -273,13 +273,13 @@ def test_quick_capability_study_compares_within_pairs_and_reruns_only_changed_ar
         assert script_main("compare")([*CAPABILITY, f"out={out}"]) == 0
     assert "4 runs (4 already finished)" in capsys.readouterr().out
 
-    # another partner for the second pair: only its arms run; the tiny_a+tiny_b runs are reused untouched
+    # one more method on the first pair: only its arm runs; the pair's finished runs are reused untouched
     kept = out / "runs" / "tiny_a+tiny_b" / "hacpo" / "seed0" / "summary.json"
     stamp = kept.stat().st_mtime_ns
-    changed = [arg.replace("tiny_c", "tiny_d") for arg in CAPABILITY]
+    changed = [arg.replace(",[tiny_a,tiny_c]", "").replace("methods=[gspo_x2,hacpo]", "methods=[gspo_x2,hacpo,naive]")
+               for arg in CAPABILITY]
     assert script_main("compare")([*changed, f"out={out}"]) == 0
     console = capsys.readouterr().out
-    assert "4 runs (2 already finished)" in console
-    assert sorted(line.split()[1] for line in console.splitlines() if line.startswith("  start")) == [
-        "tiny_a+tiny_d/gspo_x2", "tiny_a+tiny_d/hacpo"]
+    assert "3 runs (2 already finished)" in console
+    assert [line.split()[1] for line in console.splitlines() if line.startswith("  start")] == ["tiny_a+tiny_b/naive"]
     assert kept.stat().st_mtime_ns == stamp

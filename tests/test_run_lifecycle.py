@@ -51,9 +51,16 @@ def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 # --- signals -----------------------------------------------------------------------------------------
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT at its default. A suite started as a background job of a shell (`make test &`,
+    `nohup ... &`) inherits SIGINT ignored, and train.py rightly leaves an ignored SIGINT ignored, so
+    without this the SIGINT cases would test the launcher rather than the run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_script(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=_default_sigint)
 
 
 def wait_for(proc: subprocess.Popen, text: str, seen: list[str]) -> None:
