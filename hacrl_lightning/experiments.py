@@ -158,6 +158,12 @@ def arm_group(name: str) -> tuple[str, str]:
     return group, method
 
 
+def reference_arm(name: str, reference: str) -> str:
+    """The arm `name` is compared with: `reference` itself, or `<group>/<reference>` for a grouped arm."""
+    group = arm_group(name)[0]
+    return f"{group}/{reference}" if group else reference
+
+
 def duplicate_names(arms: Sequence[Arm]) -> list[str]:
     """Arm names that occur more than once (two arms would share one run directory)."""
     names = [arm.name for arm in arms]
@@ -266,8 +272,7 @@ def paired_gaps(rows: Sequence[dict[str, Any]], *, reference: str) -> list[dict[
     groups = _by_method_agent(rows)
     gaps = []
     for (method, agent), group in groups.items():
-        prefix = arm_group(method)[0]
-        ref_name = f"{prefix}/{reference}" if prefix else reference
+        ref_name = reference_arm(method, reference)
         if method == ref_name or (ref_name, agent) not in groups:
             continue
         ref = {r["seed"]: r["final_acc"] for r in groups[(ref_name, agent)]}
@@ -290,8 +295,7 @@ def equal_rollout_gaps(specs: Iterable[RunSpec], *, reference: str) -> list[dict
             histories[(spec.arm.name, spec.seed)] = spec.summary()["eval_history"]
     diffs: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for (name, seed), history in histories.items():
-        prefix = arm_group(name)[0]
-        ref_name = f"{prefix}/{reference}" if prefix else reference
+        ref_name = reference_arm(name, reference)
         ref_history = histories.get((ref_name, seed))
         if name == ref_name or not ref_history:
             continue
