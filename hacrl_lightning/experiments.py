@@ -396,13 +396,28 @@ def accuracy_curves(specs: Iterable[RunSpec]) -> dict[tuple[str, str], list[tupl
     return curves
 
 
-def plot_accuracy_vs_rollouts(curves: dict[tuple[str, str], list[tuple[list[int], list[float]]]], path: Path) -> Path:
-    """One panel per agent: mean held-out accuracy over seeds (line) and its 95% interval (band)."""
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(plt, fig, path: Path) -> Path:
+    """Lay out, write `path` (its folder created) and close the figure."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_accuracy_vs_rollouts(curves: dict[tuple[str, str], list[tuple[list[int], list[float]]]], path: Path) -> Path:
+    """One panel per agent: mean held-out accuracy over seeds (line) and its 95% interval (band)."""
+    plt = _pyplot()
     agents = list(dict.fromkeys(agent for _, agent in curves))
     fig, axes = plt.subplots(1, len(agents), figsize=(5.5 * len(agents), 4), squeeze=False)
     for ax, agent in zip(axes[0], agents):
@@ -422,20 +437,12 @@ def plot_accuracy_vs_rollouts(curves: dict[tuple[str, str], list[tuple[list[int]
         ax.set_ylim(0.0, 1.0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_final_accuracy(table: Sequence[dict[str, Any]], path: Path) -> Path:
     """Grouped bars: final accuracy per method (groups) and agent (bars), 95% interval as error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     methods = list(dict.fromkeys(r["method"] for r in table))
     agents = list(dict.fromkeys(r["agent"] for r in table))
     cell = {(r["method"], r["agent"]): r for r in table}
@@ -455,20 +462,12 @@ def plot_final_accuracy(table: Sequence[dict[str, Any]], path: Path) -> Path:
     ax.set_ylim(0.0, 1.0)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_step_time(table: Sequence[dict[str, Any]], path: Path) -> Path:
     """Scaling: seconds per training step and responses trained per agent, per arm."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     methods = list(dict.fromkeys(r["method"] for r in table))
     first = {m: next(r for r in table if r["method"] == m) for m in methods}
     trained = {m: sum(r["responses_trained"] for r in table if r["method"] == m) / max(1, first[m]["n_agents"])
@@ -481,22 +480,14 @@ def plot_step_time(table: Sequence[dict[str, Any]], path: Path) -> Path:
     for ax in (left, right):
         ax.tick_params(axis="x", rotation=20)
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_gap_vs_capability(table: Sequence[dict[str, Any]], gaps: Sequence[dict[str, Any]], path: Path, *,
                            reference: str = "hacpo") -> Path:
     """Capability study: one panel per compared method, the paired gap `reference − method` (95% interval as
     error bars) of each agent of a pair against the pair's difference in starting accuracy (partner − first)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     initial = {(r["method"], r["agent"]): r["initial_acc"] for r in table}
     others = list(dict.fromkeys(arm_group(g["method"])[1] for g in gaps))
     fig, axes = plt.subplots(1, max(1, len(others)), figsize=(5.5 * max(1, len(others)), 4), squeeze=False)
@@ -522,8 +513,4 @@ def plot_gap_vs_capability(table: Sequence[dict[str, Any]], gaps: Sequence[dict[
         ax.set_ylabel("final accuracy gap (95% interval)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)

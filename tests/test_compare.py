@@ -67,6 +67,21 @@ def _compare(args, env_cache):
                           capture_output=True, text=True, timeout=600)
 
 
+def _study_rows(args, out, zoo_cache, agents):
+    """Build `agents` here (not in racing subprocesses), run `python scripts/compare.py` into `out`, and return
+    the rows of its results.csv."""
+    for name in agents:
+        ensure_built(name, cache_dir=zoo_cache)
+    proc = _compare([*args, f"out={out}"], zoo_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with (out / "results.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def _no_process(*args, **kwargs):
+    raise AssertionError(f"compare started a process: {args}")
+
+
 def test_compare_rejects_unknown_method_before_running(tmp_path, script_main, capsys):
     """The script's `main` in this process (an exception would fail the test, as a traceback would); the
     real `python scripts/compare.py` runs in the next test."""
@@ -118,14 +133,8 @@ def test_resolved_values_hash_every_value_but_where_the_run_lives():
 
 def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_cache, script_main, capsys,
                                                                  monkeypatch):
-    for name in ("tiny_a", "tiny_b"):  # build once here, not in two racing subprocesses
-        ensure_built(name, cache_dir=zoo_cache)
     out = tmp_path / "cmp"
-    proc = _compare([*QUICK, f"out={out}"], zoo_cache)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-    with (out / "results.csv").open() as handle:
-        rows = list(csv.DictReader(handle))
+    rows = _study_rows(QUICK, out, zoo_cache, ("tiny_a", "tiny_b"))
     assert tuple(rows[0]) == ex.RESULT_COLUMNS
     assert sorted((r["method"], r["agent"], r["seed"]) for r in rows) == sorted(
         (m, a, s) for m in ("grpo", "hacpo") for a in ("tiny_a", "tiny_b") for s in ("0", "1"))
@@ -156,11 +165,8 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
     summaries = {(m, s): out / "runs" / m / f"seed{s}" / "summary.json" for m in ("grpo", "hacpo") for s in (0, 1)}
     stamps = {key: path.stat().st_mtime_ns for key, path in summaries.items()}
 
-    def no_process(*args, **kwargs):
-        raise AssertionError(f"compare started a process: {args}")
-
     with monkeypatch.context() as patch:
-        patch.setattr(subprocess, "Popen", no_process)
+        patch.setattr(subprocess, "Popen", _no_process)
         patch.setattr(sys, "argv", ["scripts/compare.py", *QUICK, f"out={out}"])
         assert script_main("compare")(sys.argv[1:]) == 0
     assert "4 runs (4 already finished)" in capsys.readouterr().out
@@ -246,13 +252,8 @@ CAPABILITY = ["study=capability", "pairs=[[tiny_a,tiny_b],[tiny_a,tiny_c]]", "me
 
 def test_quick_capability_study_compares_within_pairs_and_reruns_only_changed_arms(tmp_path, zoo_cache, script_main,
                                                                                    capsys, monkeypatch):
-    for name in ("tiny_a", "tiny_b", "tiny_c"):  # build once here, not in racing subprocesses
-        ensure_built(name, cache_dir=zoo_cache)
     out = tmp_path / "cap"
-    proc = _compare([*CAPABILITY, f"out={out}"], zoo_cache)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with (out / "results.csv").open() as handle:
-        rows = list(csv.DictReader(handle))
+    rows = _study_rows(CAPABILITY, out, zoo_cache, ("tiny_a", "tiny_b", "tiny_c"))
     assert sorted({(r["method"], r["agent"]) for r in rows}) == sorted(
         (f"tiny_a+{p}/{m}", a) for p in ("tiny_b", "tiny_c") for m in ("gspo_x2", "hacpo") for a in ("tiny_a", p))
     report = (out / "results.md").read_text()
@@ -265,11 +266,8 @@ def test_quick_capability_study_compares_within_pairs_and_reruns_only_changed_ar
         image.verify()
         assert image.format == "PNG" and image.size[0] > 300
 
-    def no_process(*args, **kwargs):
-        raise AssertionError(f"compare started a process: {args}")
-
     with monkeypatch.context() as patch:  # the same study again: every run is reused
-        patch.setattr(subprocess, "Popen", no_process)
+        patch.setattr(subprocess, "Popen", _no_process)
         assert script_main("compare")([*CAPABILITY, f"out={out}"]) == 0
     assert "4 runs (4 already finished)" in capsys.readouterr().out
 

@@ -31,6 +31,13 @@ REPO = Path(__file__).resolve().parents[1]
 # --- the presets --------------------------------------------------------------------------------------
 
 
+LEARNABLE = ("tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_e")
+"""The warm-started presets; tiny_qwen3 and tiny_llama32 keep random weights (no capability to measure)."""
+START_BAND = (0.15, 0.60)
+"""Held-out greedy accuracy a learnable preset starts at: its groups hold correct answers, and it has room to gain
+(tiny_e, the strong end of the capability-gap study, starts at 0.58 and gains +0.17 under GSPO alone in 100 steps)."""
+
+
 def test_presets_differ_in_architecture_tokenizer_template_and_capability():
     specs = [PRESETS[name] for name in LEARNABLE]
     for attribute in ("model_type", "tokenizer", "chat_template", "seed"):
@@ -50,13 +57,6 @@ def test_built_agents_reach_different_capabilities(zoo_agents, zoo_cache):
         assert fact["parameters"] < 1_000_000
     assert len({f["architecture"] for f in facts.values()}) == len(facts)
     assert len({f["vocab_size"] for f in facts.values()}) == len(facts)
-
-
-LEARNABLE = ("tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_e")
-"""The warm-started presets; tiny_qwen3 and tiny_llama32 keep random weights (no capability to measure)."""
-START_BAND = (0.15, 0.60)
-"""Held-out greedy accuracy a learnable preset starts at: its groups hold correct answers, and it has room to gain
-(tiny_e, the strong end of the capability-gap study, starts at 0.58 and gains +0.17 under GSPO alone in 100 steps)."""
 
 
 @pytest.mark.parametrize("name", LEARNABLE)
