@@ -47,23 +47,47 @@ TWO_RANKS = ["trainer.strategy=fsdp", "trainer.accelerator=cpu", "trainer.device
 
 
 class Record(Callback):
-    """What the test compares, taken at the end of the run (weights gathered from every rank)."""
+    """What the test compares, taken at the end of the run (weights gathered from every rank), the initial
+    weights, and every update's gradient as the optimizer is about to apply it (clipped, gathered whole
+    from the shards) with the optimizer's settings of that update (lr after the schedule, betas, eps)."""
 
     def __init__(self):
         self.result = {}
+        self.grads: dict[str, list[dict[str, torch.Tensor]]] = {}
 
-    def on_train_end(self, trainer, pl_module):
+    def on_train_start(self, trainer, pl_module):
+        self.initial = self._weights(pl_module)
+
+    @staticmethod
+    def _weights(pl_module) -> dict:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {name: {k: v.detach().float().cpu().clone()
+                       for k, v in get_model_state_dict(agent.model, options=options).items()}
+                for name, agent in pl_module.agents.items()}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for name, agent in pl_module.agents.items():
+            named = [(key, p) for key, p in agent.model.named_parameters() if id(p) in params]
+            if named:
+                full = lambda g: g.full_tensor() if hasattr(g, "full_tensor") else g  # noqa: E731
+                group = optimizer.param_groups[0]
+                self.grads.setdefault(name, []).append({
+                    "grads": {key: full(p.grad).detach().float().cpu().clone() for key, p in named if p.grad is not None},
+                    "hparams": {k: group[k] for k in ("lr", "betas", "eps", "weight_decay")},
+                })
+
+    def on_train_end(self, trainer, pl_module):
         self.result = {
-            "weights": {name: {k: v.detach().float().cpu().clone()
-                               for k, v in get_model_state_dict(agent.model, options=options).items()}
-                        for name, agent in pl_module.agents.items()},
+            "initial_weights": self.initial,
+            "weights": self._weights(pl_module),
             "updates": {name: c["optimizer_updates"] for name, c in pl_module.counters.items()},
             "responses": {name: c["responses_trained"] for name, c in pl_module.counters.items()},
             "capability": [list(h) for h in pl_module.capability.history],
             "metrics": dict(pl_module.last_metrics),
+            "grads": self.grads,
         }
 
 

@@ -4,7 +4,15 @@ Three zoo agents (three tokenizers, so every learner trains on retokenized partn
 a KL reference, two steps of two mini-batches each, evaluation before and after. The pinned
 figures (`fixtures/pinned_run.json`) are the run's summary (counters, held-out accuracy), every
 scalar it logged to TensorBoard except wall times, and a fingerprint of each agent's final weights
-(sum and sum of squares of the change from its initial weights, in float64).
+(sums of the absolute values and of the squares of the change from its initial weights, in float64).
+
+The figures must hold on any CPU (issue 24; `test_other_cpu.py` runs this test under other kernels),
+so each comparison allows what another CPU's rounding moves: floats within 1e-4 relative, or 2e-6
+absolute (scalars are pinned rounded to 6 decimals, and a last-bit difference can flip the 6th). The
+weight fingerprint sums positive terms: under other kernels AdamW turns last-bit differences of
+near-zero gradients into differences of up to one update in a few weights (see test_distributed.py),
+which moved the *signed* sum of the change by 4.7e-3 of itself but these sums by at most 7e-6 (measured),
+while one update more or less changes them by a quarter or more.
 
 Regenerate the fixture only for an intended change of behaviour, and say so in the commit:
 `python tests/test_pinned_run.py --write`.
@@ -68,7 +76,7 @@ def pinned_figures(run_dir: Path, zoo_cache: Path, *, weights_to: Path | None = 
         final = agent.model.state_dict()
         delta = [(final[key].double() - initial[key].double()).flatten() for key in final]
         delta = torch.cat(delta)
-        weights[name] = {"delta_sum": float(delta.sum()), "delta_sq": float(delta.square().sum())}
+        weights[name] = {"delta_abs": float(delta.abs().sum()), "delta_sq": float(delta.square().sum())}
     agents = {name: {key: value for key, value in row.items() if key != "export"}
               for name, row in summary["agents"].items()}
     return {"agents": agents, "eval_history": summary["eval_history"], "scalars": _scalars(run_dir),
@@ -87,7 +95,7 @@ def _close(a, b, path: str, problems: list[str]) -> None:
         for i, (x, y) in enumerate(zip(a, b)):
             _close(x, y, f"{path}[{i}]", problems)
     elif isinstance(a, float) or isinstance(b, float):
-        if not (math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6) or (math.isnan(a) and math.isnan(b))):
+        if not (math.isclose(a, b, rel_tol=1e-4, abs_tol=2e-6) or (math.isnan(a) and math.isnan(b))):
             problems.append(f"{path}: {a!r}, pinned {b!r}")
     elif a != b:
         problems.append(f"{path}: {a!r}, pinned {b!r}")

@@ -43,7 +43,6 @@ def test_presets_differ_in_architecture_tokenizer_template_and_capability():
     for attribute in ("model_type", "tokenizer", "chat_template", "seed"):
         values = [json.dumps(getattr(s, attribute), default=str, sort_keys=True) for s in specs]
         assert len(set(values)) == len(specs), attribute
-    assert len({s.warm_start.target_accuracy for s in specs}) == len(specs)
     assert len({s.key() for s in specs}) == len(specs)
     assert {s.tokenizer.kind for s in specs} == {"char", "bpe"}
 
@@ -51,8 +50,7 @@ def test_presets_differ_in_architecture_tokenizer_template_and_capability():
 def test_built_agents_reach_different_capabilities(zoo_agents, zoo_cache):
     facts = {name: read_manifest(zoo.entry_dir(name, zoo_cache))["facts"] for name in ZOO_AGENTS}
     for name, fact in facts.items():
-        spec = PRESETS[name]
-        assert fact["probe_accuracy"] >= spec.warm_start.target_accuracy or fact["steps"] == spec.warm_start.max_steps
+        assert fact["steps"] == PRESETS[name].warm_start.steps
         assert 0.02 <= fact["heldout_accuracy"] <= 0.8, (name, fact["heldout_accuracy"])
         assert fact["parameters"] < 1_000_000
     assert len({f["architecture"] for f in facts.values()}) == len(facts)
@@ -63,6 +61,101 @@ def test_built_agents_reach_different_capabilities(zoo_agents, zoo_cache):
 def test_learnable_presets_start_in_the_band(zoo_cache, name):
     facts = read_manifest(ensure_built(name, cache_dir=zoo_cache))["facts"]
     assert START_BAND[0] <= facts["heldout_accuracy"] <= START_BAND[1], (name, facts["heldout_accuracy"])
+
+
+# --- one zoo everywhere: the shipped builds ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", LEARNABLE)
+def test_every_learnable_preset_ships_the_build_of_its_recipe(name):
+    """The shipped files are the build of the preset's current recipe (a recipe changed without `ship` fails
+    here), whole, and the cache entry a user gets is byte for byte the shipped one."""
+    spec = PRESETS[name]
+    shipped = zoo.shipped_manifest(spec)
+    assert shipped is not None, f"{name}: no shipped build for its recipe; run `python -m hacrl_lightning.agents.zoo ship {name}`"
+    assert shipped["facts"]["steps"] == spec.warm_start.steps
+    assert set(shipped["files"]) >= {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+
+
+def test_a_shipped_preset_is_copied_not_rebuilt(tmp_path):
+    before = dict(zoo.stats)
+    entry = ensure_built("tiny_b", cache_dir=tmp_path)
+    assert zoo.stats["shipped"] == before.get("shipped", 0) + 1
+    assert zoo.stats["builds/tiny_b"] == before.get("builds/tiny_b", 0)
+    shipped = zoo.shipped_manifest(PRESETS["tiny_b"])
+    assert read_manifest(entry)["files"] == shipped["files"]  # the same bytes as shipped
+
+
+@pytest.fixture
+def shipped_copy(tmp_path, monkeypatch) -> Path:
+    """A private copy of the shipped builds (`zoo.SHIPPED` points at it for the test)."""
+    import shutil
+
+    copy = tmp_path / "shipped"
+    shutil.copytree(zoo.SHIPPED, copy)
+    monkeypatch.setattr(zoo, "SHIPPED", copy)
+    return copy
+
+
+def test_damaged_shipped_weights_are_refused_not_rebuilt(shipped_copy, tmp_path):
+    weights = shipped_copy / "tiny_a" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    builds_before = zoo.stats["builds/tiny_a"]
+    with pytest.raises(zoo.ShippedZooError, match=r"tiny_a.*damaged \(model\.safetensors differ.*git checkout"):
+        ensure_built("tiny_a", cache_dir=tmp_path / "cache")
+    assert zoo.stats["builds/tiny_a"] == builds_before
+    assert not any((tmp_path / "cache").glob("tiny_a-*"))
+
+
+def test_ship_then_verify_reports_every_difference(quick_preset, shipped_copy, tmp_path):
+    """`ship` records a build of the recipe; `verify` rebuilds and finds it bit-identical on the machine that
+    shipped it, and names the tensor and the size of a difference when the shipped weights came from a CPU
+    that rounds otherwise (simulated: one weight moved by 1e-3, manifest rewritten to match)."""
+    from safetensors.torch import load_file, save_file
+
+    before = builds("quick")
+    facts = zoo.ship("quick", log=lambda _: None)
+    assert facts["steps"] == 4 and zoo.shipped_manifest(quick_preset) is not None
+    assert zoo.verify("quick", log=lambda _: None) == []
+    entry = ensure_built("quick", cache_dir=tmp_path / "cache")
+    assert builds("quick") == before + 2  # the ship and the verify built; the cache took the shipped copy
+    assert read_manifest(entry)["files"] == zoo.shipped_manifest(quick_preset)["files"]
+
+    directory = shipped_copy / "quick"
+    tensors = load_file(directory / "model.safetensors")
+    key = sorted(tensors)[0]
+    tensors[key].view(-1)[0] += 1e-3
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["files"] = zoo.file_table(directory, skip=MANIFEST)
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    problems = zoo.verify("quick", log=lambda _: None)
+    assert any("model.safetensors differs" in p for p in problems)
+    assert any(f"largest weight difference 0.001 ({key})" in p for p in problems), problems
+
+
+def test_a_changed_recipe_is_built_here_and_says_so(quick_preset, shipped_copy, tmp_path, monkeypatch):
+    zoo.ship("quick", log=lambda _: None)
+    changed = replace(quick_preset, seed=quick_preset.seed + 1)
+    monkeypatch.setitem(PRESETS, "quick", changed)
+    assert zoo.shipped_manifest(changed) is None  # the shipped build is of the old recipe
+    messages = []
+    before = builds("quick")
+    ensure_built("quick", cache_dir=tmp_path / "cache", log=messages.append)
+    assert builds("quick") == before + 1
+    assert any("recipe differs from the build shipped" in m and "ship quick" in m for m in messages)
+
+
+def test_cli_verify_fails_loudly_on_a_difference(quick_preset, shipped_copy, capsys):
+    zoo.ship("quick", log=lambda _: None)
+    assert zoo._main(["verify", "quick"]) == 0
+    assert "1 of 1 presets rebuild to the shipped bytes" in capsys.readouterr().out
+    (shipped_copy / "quick" / MANIFEST).write_text(
+        (shipped_copy / "quick" / MANIFEST).read_text().replace(quick_preset.key(), "0" * 16))
+    assert zoo._main(["verify", "quick"]) == 1
+    assert "no shipped build for its current recipe" in capsys.readouterr().out
 
 
 # --- distinct tokenizations -----------------------------------------------------------------------------
@@ -139,8 +232,8 @@ def test_zoo_tokenizers_are_lossless_beyond_the_task_alphabet(zoo_agents, text, 
 def quick_preset(monkeypatch):
     """A preset that builds in about a second (a few warm-start steps), registered as `quick`."""
     base = PRESETS["tiny_c"]
-    spec = replace(base, name="quick", warm_start=replace(base.warm_start, target_accuracy=1.0, max_steps=4,
-                                                          eval_every=2, probe_size=8, pool_size=64))
+    spec = replace(base, name="quick", warm_start=replace(base.warm_start, steps=4, eval_every=2, probe_size=8,
+                                                          pool_size=64))
     monkeypatch.setitem(PRESETS, "quick", spec)
     monkeypatch.setattr(zoo, "HELDOUT_SIZE", 16)
     return spec
@@ -159,18 +252,20 @@ def test_loading_a_preset_again_uses_the_cache(zoo_agents, zoo_cache, load_zoo_a
 
 
 def test_a_damaged_entry_is_rebuilt(quick_preset, tmp_path):
+    before = builds("quick")
+    builds_now = lambda: builds("quick") - before  # noqa: E731
     entry = ensure_built("quick", cache_dir=tmp_path)
-    assert builds("quick") == 1 and read_manifest(entry) is not None
+    assert builds_now() == 1 and read_manifest(entry) is not None
     digest = read_manifest(entry)["files"]["model.safetensors"]["sha256"]
     ensure_built("quick", cache_dir=tmp_path)
-    assert builds("quick") == 1
+    assert builds_now() == 1
     (entry / "model.safetensors").unlink()
     assert read_manifest(entry) is None
-    assert ensure_built("quick", cache_dir=tmp_path) == entry and builds("quick") == 2
+    assert ensure_built("quick", cache_dir=tmp_path) == entry and builds_now() == 2
     with open(entry / "tokenizer.json", "a") as handle:
         handle.write(" ")
     ensure_built("quick", cache_dir=tmp_path)
-    assert builds("quick") == 3
+    assert builds_now() == 3
     assert read_manifest(entry)["files"]["model.safetensors"]["sha256"] == digest  # deterministic builds
 
 

