@@ -172,3 +172,27 @@ def test_vllm_engine_options_export_the_agent_with_its_memory_share(load_zoo_age
     assert options["max_model_len"] == agent.max_prompt_len + agent.max_response_len and options["seed"] == 3
     assert engine_options(agent, "vllm", batch_size=8, gpu_memory_utilization=0.4,
                           export_to=tmp_path / "b")["gpu_memory_utilization"] == 0.4
+
+
+@pytest.mark.parametrize("name, tied", [("tiny_a", True), ("tiny_e", False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vllm_file_sync_writes_weights_that_load_back(load_zoo_agent, tmp_path, name, tied, dtype):
+    """The file path of the vLLM weight sync (engine in its own process): the pushed weights, cast to the
+    engine's dtype, load back with transformers as the trainer's weights. A tied agent pushed in its own
+    dtype shares `lm_head.weight` with `embed_tokens.weight`, which safetensors refused (issue 25, item 4)."""
+    from transformers import AutoModelForCausalLM
+
+    from hacrl_lightning.rollout.vllm import full_state_items, write_weights
+
+    agent = load_zoo_agent(name)
+    assert agent.model.config.tie_word_embeddings is tied
+    agent.export(tmp_path / "engine")
+    with torch.no_grad():
+        for param in agent.model.parameters():
+            param.add_(0.01)  # a trained model: other weights than the exported ones
+    items = ((k, t.to(dtype)) for k, t in full_state_items(agent.model))
+    write_weights(tmp_path / "engine", items)
+    assert [p.name for p in (tmp_path / "engine").glob("model*.safetensors*")] == ["model.safetensors"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "engine", dtype=torch.float32).state_dict()
+    for key, value in agent.model.state_dict().items():
+        torch.testing.assert_close(loaded[key], value.to(dtype).float(), rtol=0, atol=0, msg=key)

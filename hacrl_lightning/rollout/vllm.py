@@ -96,6 +96,31 @@ def full_state_items(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor
         yield _strip_wrapper_prefixes(name), tensor.detach()
 
 
+def write_weights(model_dir: str | os.PathLike, items: Iterable[tuple[str, torch.Tensor]]) -> Path:
+    """Replace the weights of the HF directory `model_dir` by `items` (one `model.safetensors`, written
+    to a temporary name and renamed, older weight files removed). A tensor that shares its storage with an
+    earlier one (tied embeddings: `lm_head.weight` is `embed_tokens.weight` when no cast copied it) is
+    written once, as `save_pretrained` does; safetensors refuses shared tensors, and loaders re-tie them
+    from the config's `tie_word_embeddings` (issue 25: the file sync of a tied fp32 agent failed)."""
+    from safetensors.torch import save_file
+
+    model_dir = Path(model_dir)
+    state, seen = {}, set()
+    for name, tensor in items:
+        tensor = tensor.detach().cpu()
+        storage = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if storage in seen:
+            continue
+        seen.add(storage)
+        state[name] = tensor.contiguous()
+    tmp = model_dir / "model.safetensors.tmp"
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    for old in model_dir.glob("model*.safetensors*"):
+        if old != tmp:
+            old.unlink()
+    return tmp.replace(model_dir / "model.safetensors")
+
+
 class VLLMEngine:
     """One `vllm.LLM` for one agent. `model_dir` is the agent exported as a HF dir (also the sync dir)."""
 
@@ -142,14 +167,6 @@ class VLLMEngine:
         if self._in_process_model is not None:
             self._in_process_model.load_weights(items)
         else:
-            from safetensors.torch import save_file
-
-            state = {name: tensor.contiguous().cpu() for name, tensor in items}
-            tmp = self.model_dir / "model.safetensors.tmp"
-            save_file(state, str(tmp), metadata={"format": "pt"})
-            for old in self.model_dir.glob("model*.safetensors*"):
-                if old != tmp:
-                    old.unlink()
-            tmp.replace(self.model_dir / "model.safetensors")
+            write_weights(self.model_dir, items)
             self.llm.collective_rpc("reload_weights")
         self.llm.reset_prefix_cache()
