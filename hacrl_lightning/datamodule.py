@@ -155,7 +155,7 @@ class RolloutDataModule(pl.LightningDataModule):
             for name, agent in self.agents.items():
                 self.engines[name] = make_engine(backend, agent.model, **engine_options(
                     agent, backend, batch_size=self.rollout_cfg.generation_batch_size, seed=self.seed,
-                    export_to=self.engine_dir / name))
+                    export_to=self.engine_dir / name, in_process=self.rollout_cfg.vllm_in_process))
 
     def teardown(self, stage: str | None = None) -> None:
         self.reward_pool.close()  # no reward worker outlives the run

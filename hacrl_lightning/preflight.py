@@ -170,14 +170,20 @@ def _cuda_devices() -> int:
 
 
 def _vllm_problem(key: str, *, gpus: int, fix: str) -> Optional[Problem]:
+    """None when vLLM is installed for a platform it serves here (asked of vLLM: its CUDA build with a
+    GPU, or its CPU build), else the problem and the fix."""
     import importlib.util
 
-    lacks = ["no CUDA GPU"] if gpus == 0 else []
-    lacks += ["no vllm package"] if importlib.util.find_spec("vllm") is None else []
-    if not lacks:
-        return None
-    return Problem(key, "vllm", "vllm on a machine with a CUDA GPU and the vllm package (pip install -e '.[vllm]')",
-                   f"this machine has {' and '.join(lacks)}: use the transformers backend, {fix}")
+    if importlib.util.find_spec("vllm") is None:
+        lacks = "no vllm package"
+    else:
+        from hacrl_lightning.rollout.vllm import vllm_platform
+
+        if vllm_platform() is not None:
+            return None
+        lacks = "vllm, but no CUDA GPU for it" if gpus == 0 else "vllm, which finds no platform it serves"
+    return Problem(key, "vllm", "vllm with a CUDA GPU (pip install -e '.[vllm]') or vLLM's CPU build (make .venv-vllm)",
+                   f"this machine has {lacks}: use the transformers backend, {fix}")
 
 
 def device_problems(cfg: TrainConfig) -> List[Problem]:

@@ -55,7 +55,7 @@ def test_gpu_only_commands_stop_in_the_preflight_on_a_cpu_machine(argv, key, fix
                                                                   model_loads, zoo_cache):
     run = tmp_path / "run"
     err = refused(script_main, capsys, "train", [*argv, f"run_dir={run}", f"zoo_cache={zoo_cache}"])
-    assert key in err and "no CUDA GPU" in err and fix in err
+    assert key in err and ("no CUDA GPU" in err or "no vllm package" in err) and fix in err
     assert not run.exists() and model_loads == []
 
 

