@@ -117,6 +117,17 @@ class StepBatch:
         return self.rewards.shape[2]
 
 
+def _own_copy(exported: Path, rank: int) -> Path:
+    """This rank's copy of an agent's export, for its own engine to load and sync through (ranks must not
+    write one directory at once). Rank 0 wrote the export (`Agent.export`); every rank waits for it."""
+    import shutil
+
+    torch.distributed.barrier()
+    own = exported.with_name(f"{exported.name}-rank{rank}")
+    shutil.copytree(exported, own, dirs_exist_ok=True)
+    return own
+
+
 class RolloutDataModule(pl.LightningDataModule):
     """Prompts, engines, rewards and views for one run.
 
@@ -153,9 +164,12 @@ class RolloutDataModule(pl.LightningDataModule):
         if not self.engines:
             backend = self.rollout_cfg.backend
             for name, agent in self.agents.items():
-                self.engines[name] = make_engine(backend, agent.model, **engine_options(
-                    agent, backend, batch_size=self.rollout_cfg.generation_batch_size, seed=self.seed,
-                    export_to=self.engine_dir / name, in_process=self.rollout_cfg.vllm_in_process))
+                options = engine_options(agent, backend, batch_size=self.rollout_cfg.generation_batch_size,
+                                         seed=self.seed, export_to=self.engine_dir / name,
+                                         in_process=self.rollout_cfg.vllm_in_process)
+                if "model_dir" in options and self._world > 1:
+                    options["model_dir"] = _own_copy(options["model_dir"], self._rank)
+                self.engines[name] = make_engine(backend, agent.model, **options)
 
     def teardown(self, stage: str | None = None) -> None:
         self.reward_pool.close()  # no reward worker outlives the run

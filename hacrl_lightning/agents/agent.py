@@ -246,9 +246,11 @@ def _full_state_dict(model: nn.Module) -> tuple[dict | None, bool]:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover
         return None, True
-    if not any(isinstance(p, DTensor) for p in model.parameters()):
-        return None, True
     import torch.distributed as dist
+
+    if not any(isinstance(p, DTensor) for p in model.parameters()):  # whole on every rank: rank 0 writes, as
+        # transformers' save_pretrained itself decides under torch.distributed
+        return None, not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
