@@ -53,15 +53,40 @@ def trainer_greedy(agent, prompt_ids) -> list[list[int]]:
                                   batch_size=64), prompt_ids)
 
 
+TIE = 1e-4
+"""Two fp32 forward passes (vLLM's kernels, torch's) agree to ~1e-6 in a logit, so greedy answers may part
+only where the trainer's two best logits are closer than that: a tie. The random-weight presets have
+near-uniform logits over 128k-151k tokens, whose two best are ~0.02 apart on average, so a tie is rare but
+possible on some CPU; TIE = 1e-4 is 100 times the kernels' difference and 200 times below the mean gap."""
+
+
+def assert_same_greedy(agent, engine_ids: list[list[int]], trainer_ids: list[list[int]], prompt_ids) -> None:
+    """Greedy answers equal, except that one may part from the other at a tie of the trainer's logits."""
+    ties = 0
+    for prompt, mine, theirs in zip(prompt_ids, engine_ids, trainer_ids):
+        if mine == theirs:
+            continue
+        t = next(i for i, (a, b) in enumerate(zip(mine + [-1], theirs + [-1])) if a != b)
+        ids = torch.tensor([prompt + theirs[:t]])
+        with torch.no_grad():
+            logits = agent.model(input_ids=ids).logits[0, -1].float()
+        top = logits.topk(2)
+        assert top.values[0] - top.values[1] < TIE and mine[t] in top.indices.tolist(), (
+            f"engine and trainer part at token {t} without a tie: {mine[:t + 1]} vs {theirs[:t + 1]}")
+        ties += 1
+    assert ties <= len(engine_ids) // 8, f"{ties} answers part at ties"
+
+
 @pytest.mark.parametrize("name", ["tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_qwen3", "tiny_llama32"])
 def test_engine_answers_as_the_trainer_model(load_zoo_agent, tmp_path, name):
     """Every preset vLLM serves with its own model classes, in fp32: greedy ids equal transformers'
-    `generate`; sampled tokens' log-probs equal the trainer's forward within 1e-5."""
+    `generate` (parting only at a tie of the trainer's logits, `TIE`); sampled tokens' log-probs equal the
+    trainer's forward within 1e-5."""
     agent = load_zoo_agent(name, dtype="float32")
     agent.eval()
     engine = engine_for(agent, tmp_path, in_process=True)
     prompt_ids = agent.encode_prompts(PROMPTS)
-    assert greedy(agent, engine, prompt_ids) == trainer_greedy(agent, prompt_ids)
+    assert_same_greedy(agent, greedy(agent, engine, prompt_ids), trainer_greedy(agent, prompt_ids), prompt_ids)
     settings = SamplingSettings.for_agent(agent.cfg, n=2, seed=3)
     worst = 0.0
     for index, generation in enumerate(engine.generate(prompt_ids[:8], settings)):
@@ -89,7 +114,7 @@ def test_after_a_sync_the_engine_answers_as_the_trained_model(load_zoo_agent, tm
     engine = engine_for(agent, tmp_path, in_process=in_process)
     prompt_ids = agent.encode_prompts(PROMPTS)
     before = greedy(agent, engine, prompt_ids)
-    assert before == trainer_greedy(agent, prompt_ids)
+    assert_same_greedy(agent, before, trainer_greedy(agent, prompt_ids), prompt_ids)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=3e-3)
     input_ids, attention_mask, loss_mask = _batch(_rows(agent, synthetic_examples(DataConfig(ops=["+"]), "eval", 32)),
                                                   agent.pad_token_id)
@@ -100,7 +125,7 @@ def test_after_a_sync_the_engine_answers_as_the_trained_model(load_zoo_agent, tm
     engine.sync_weights(agent.model)
     after = greedy(agent, engine, prompt_ids)
     assert sum(a != b for a, b in zip(after, before)) >= 8  # the step changed many answers
-    assert after == trainer_greedy(agent, prompt_ids)
+    assert_same_greedy(agent, after, trainer_greedy(agent, prompt_ids), prompt_ids)
     assert torch.get_num_threads() >= 1 and torch.set_num_threads.__module__ != "vllm.v1.worker.cpu_worker"
 
 
