@@ -13,7 +13,9 @@ computed as a stable product in `algorithms/metrics.py`). Two protocols:
 One answer per problem is greedy unless a temperature is given; several are sampled at the
 agent's own temperature. Agents come from exported dirs or standalone HF dirs/hub ids, or from a
 training checkpoint (a run dir or a `.ckpt`: the run's config says how to build each agent, the
-checkpoint gives its weights). Deliberately not here: Hydra (`scripts/evaluate.py`), dataset
+checkpoint gives its weights; the results name the checkpoint file and its step, and whether the run was
+still training). An export cut short (its `.partial` name, or a directory without weights or tokenizer
+files) is refused with how to redo it. Deliberately not here: Hydra (`scripts/evaluate.py`), dataset
 parsing (`data/benchmarks.py`) and training-time evaluation (`callbacks/evaluation.py`).
 """
 
@@ -28,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from hacrl_lightning.agents.agent import AGENT_FILE, Agent, AgentLoadError
+from hacrl_lightning.agents.agent import AGENT_FILE, PARTIAL_SUFFIX, Agent, AgentLoadError
 from hacrl_lightning.agents.sources import resolve_source
 from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pass_at_k
 from hacrl_lightning.config import AgentConfig, TrainConfig
@@ -124,12 +126,15 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
                     plans: Sequence[EvalPlan], *, score: BatchScorer | Mapping[str, BatchScorer],
                     engines: Mapping[str, RolloutEngine], temperature: float | None = None, seed: int = 0,
                     protocol: str = "paper", sources: Mapping[str, str] | None = None,
+                    checkpoints: Mapping[str, Mapping[str, Any]] | None = None,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every agent on every planned benchmark; returns the results (what `write_results` stores).
 
     `results["agents"][agent]["scores"][benchmark]` holds avg@n, pass@k, the headline score and
     each problem's count of correct answers; `["average"]` is the mean headline score (the
     paper's AVG column). `score` is one scorer, or one per benchmark (each benchmark's own reward).
+    `checkpoints`: for agents loaded from a training checkpoint, its `file`, `step` and `run` state
+    (`load_eval_agents`), kept as the agent's `checkpoint`.
     """
     results: dict[str, Any] = {
         "protocol": protocol,
@@ -159,6 +164,8 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
             "scores": rows,
             "average": sum(headlines) / len(headlines) if headlines else math.nan,
         }
+        if name in (checkpoints or {}):
+            results["agents"][name]["checkpoint"] = dict(checkpoints[name])
     return results
 
 
@@ -167,17 +174,29 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
 
 
 def format_table(results: Mapping[str, Any]) -> str:
-    """A markdown table: one row per agent, one column per benchmark (its headline metric), and AVG."""
+    """A markdown table: one row per agent, one column per benchmark (its headline metric), and AVG;
+    a `checkpoint` column (step and file) when any agent came from a training checkpoint."""
     benches = results["benchmarks"]
+    from_checkpoint = any("checkpoint" in agent for agent in results["agents"].values())
     header = ["agent"] + [f"{b['title']} {b['headline']}" for b in benches.values()] + ["AVG"]
-    rows = [header]
+    rows = [header + ["checkpoint"] * from_checkpoint]
     for name, agent in results["agents"].items():
         cells = [f"{agent['scores'][key]['headline']:.3f}" for key in benches]
-        rows.append([name] + cells + [f"{agent['average']:.3f}"])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        rows.append([name] + cells + [f"{agent['average']:.3f}"] + [checkpoint_cell(agent)] * from_checkpoint)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def checkpoint_cell(agent: Mapping[str, Any]) -> str:
+    """`step 40 of 150, step_0000040.ckpt` (`, run still training` while it was), or "" for an exported agent."""
+    info = agent.get("checkpoint")
+    if not info:
+        return ""
+    of = f" of {info['steps_wanted']}" if info.get("steps_wanted") else ""
+    training = ", run still training" if info.get("run") == "training" else ""
+    return f"step {info['step']}{of}, {Path(info['file']).name}{training}"
 
 
 def write_results(results: Mapping[str, Any], directory: str | os.PathLike) -> tuple[Path, Path]:
@@ -190,7 +209,9 @@ def write_results(results: Mapping[str, Any], directory: str | os.PathLike) -> t
     lines += ["| benchmark | problems | samples per problem | metric |", "|---|---|---|---|"]
     lines += [f"| {b['title']} | {b['problems']} | {b['samples']} | {b['headline']} |"
               for b in results["benchmarks"].values()]
-    lines += ["", "Agents:", ""] + [f"- `{name}`: {a['source']}" for name, a in results["agents"].items()]
+    lines += ["", "Agents:", ""] + [f"- `{name}`: {a['source']}" + (f" ({checkpoint_cell(a)}, {a['checkpoint']['file']})"
+                                                                  if "checkpoint" in a else "")
+                                    for name, a in results["agents"].items()]
     md_path.write_text("\n".join(lines) + "\n")
     return json_path, md_path
 
@@ -237,25 +258,71 @@ def run_config(run_dir: Path) -> TrainConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path)))
 
 
-def checkpoint_state(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """The module state dict of a Lightning checkpoint (a file, or an FSDP2 directory, consolidated)."""
+def _load_checkpoint(checkpoint: Path) -> dict[str, Any]:
+    """A whole Lightning checkpoint (a file, or an FSDP2 directory, consolidated)."""
     if checkpoint.is_dir():
         from lightning.fabric.utilities.consolidate_checkpoint import _load_distributed_checkpoint
 
-        state = _load_distributed_checkpoint(checkpoint)
-    else:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        return _load_distributed_checkpoint(checkpoint)
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)
+
+
+def checkpoint_state(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The module state dict of a Lightning checkpoint (a file, or an FSDP2 directory, consolidated)."""
+    state = _load_checkpoint(checkpoint)
     return state.get("state_dict", state)
 
 
-def agents_from_checkpoint(location: str | os.PathLike, *, zoo_cache: str | None = None,
-                           adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c) -> dict[str, Agent]:
-    """Every agent of a run, built as its config says and loaded with the checkpoint's weights."""
-    from hacrl_lightning.callbacks.checkpoint import latest_checkpoint, run_dir_of
+def run_state(run_dir: Path) -> str:
+    """`training` while the process that holds the run's lock lives (its pid is in `.lock`, which a run
+    removes when it ends), else the status in its summary.json, else `unknown`. Only reads files: taking
+    the lock, even for a moment, could refuse a run starting then."""
+    from hacrl_lightning.run_dir import LOCK_NAME
 
-    checkpoint = latest_checkpoint(location)
-    cfg = run_config(run_dir_of(checkpoint))
-    state = checkpoint_state(checkpoint)
+    try:
+        holder = (run_dir / LOCK_NAME).read_text().split()
+        if len(holder) > 1 and holder[0] == "pid" and holder[1].isdigit():
+            os.kill(int(holder[1]), 0)
+            return "training"
+    except (OSError, ValueError):  # no lock file, or its process is gone (a killed run leaves the file)
+        pass
+    try:
+        return str(json.loads((run_dir / "summary.json").read_text()).get("status", "unknown"))
+    except (OSError, ValueError):
+        return "unknown"
+
+
+def _newest_loaded(location: str | os.PathLike, tries: int = 3) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint at `location` and its contents. A run still training deletes its oldest
+    checkpoints as it saves new ones: one that vanished between the listing and the load is looked up again."""
+    from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
+
+    for attempt in range(tries):
+        checkpoint = latest_checkpoint(location)
+        try:
+            return checkpoint, _load_checkpoint(checkpoint)
+        except FileNotFoundError:
+            if attempt == tries - 1 or Path(location) == checkpoint:
+                raise
+    raise AssertionError("unreachable")
+
+
+def agents_from_checkpoint(location: str | os.PathLike, *, zoo_cache: str | None = None,
+                           adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c
+                           ) -> tuple[dict[str, Agent], dict[str, Any]]:
+    """Every agent of a run, built as its config says and loaded with the newest checkpoint's weights, and
+    which checkpoint that was: its `file`, `step` (training steps done), the run's `steps_wanted` and
+    `run` state (`run_state`: `training` when the run is still going, so a newer checkpoint may come)."""
+    from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, run_dir_of
+
+    checkpoint, full = _newest_loaded(location)
+    run_dir = run_dir_of(checkpoint)
+    cfg = run_config(run_dir)
+    numbered = CHECKPOINT_RE.match(checkpoint.name)
+    step = (full.get("hacrl") or {}).get("steps_done", int(numbered.group(1)) if numbered else None)
+    info = {"file": str(checkpoint.resolve()), "step": step, "steps_wanted": _steps_wanted(run_dir, cfg),
+            "run": run_state(run_dir)}
+    state = full.get("state_dict", full)
     agents = {}
     for name, agent_cfg in cfg.agents.items():
         prefix = f"agents.{name}."
@@ -266,28 +333,44 @@ def agents_from_checkpoint(location: str | os.PathLike, *, zoo_cache: str | None
         agent = Agent.load(name, adjust(agent_cfg), zoo_cache=zoo_cache or cfg.zoo_cache, check_texts=())
         agent.load_state_dict(weights, strict=True)
         agents[name] = agent
-    return agents
+    return agents, info
+
+
+def _steps_wanted(run_dir: Path, cfg: TrainConfig) -> int:
+    """The run's `trainer.steps`: a resumed session's (config.resumed.yaml, e.g. an extension) over the first's."""
+    from omegaconf import OmegaConf
+
+    resumed = run_dir / "config.resumed.yaml"
+    if resumed.is_file():
+        steps = OmegaConf.select(OmegaConf.load(resumed), "trainer.steps")
+        if isinstance(steps, int):
+            return steps
+    return cfg.trainer.steps
 
 
 def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
                      adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c,
-                     ) -> tuple[dict[str, Agent], dict[str, str]]:
-    """Agents to evaluate, and where each came from. An entry is an exported agent dir or any
+                     ) -> tuple[dict[str, Agent], dict[str, str], dict[str, dict[str, Any]]]:
+    """Agents to evaluate, where each came from, and for those from a run's checkpoint which checkpoint
+    (`agents_from_checkpoint`'s file, step, steps_wanted, run state). An entry is an exported agent dir or any
     standalone HF dir, a run dir or `.ckpt` (all of the run's agents, with the newest checkpoint's
     weights; a run dir without checkpoints gives its exports), `zoo:<preset>` (its built directory,
     with the lengths and template settings the zoo saved there: the preset's), or a hub id. `adjust`
-    edits each AgentConfig (length and dtype overrides).
+    edits each AgentConfig (length and dtype overrides). An export cut short (`incomplete_export`)
+    raises AgentLoadError with how to redo it.
 
     Tokenizers are not checked for lossless round trips here: evaluation never retokenizes.
     """
     agents: dict[str, Agent] = {}
     sources: dict[str, str] = {}
+    checkpoints: dict[str, dict[str, Any]] = {}
     for entry in entries:
         path = Path(os.path.expanduser(entry))
         if _is_checkpoint(path):
-            for name, agent in agents_from_checkpoint(path, zoo_cache=zoo_cache, adjust=adjust).items():
+            loaded, info = agents_from_checkpoint(path, zoo_cache=zoo_cache, adjust=adjust)
+            for name, agent in loaded.items():
                 key = _unique(name, agents)
-                agents[key], sources[key] = agent, f"checkpoint {path}"
+                agents[key], sources[key], checkpoints[key] = agent, f"checkpoint {info['file']}", info
             continue
         if entry.startswith(ZOO_PREFIX):  # as the zoo built it: its saved settings are the training's
             path = Path(resolve_source(entry, entry, key="agents", zoo_cache=zoo_cache))
@@ -296,7 +379,9 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
         elif path.is_dir():
             exports = path / "exports"  # a run directory without checkpoints: its exported agents
             found = exports.iterdir() if exports.is_dir() else ()
-            directories = sorted(p for p in found if (p / "config.json").exists())
+            directories = sorted(p for p in found if p.is_dir() and not p.name.endswith(".old"))
+        elif path.with_name(path.name + PARTIAL_SUFFIX).is_dir():  # its export was cut short
+            directories = [path.with_name(path.name + PARTIAL_SUFFIX)]
         elif path.exists() or entry.startswith(("/", "./", "../", "~")) or entry.count("/") > 1:
             raise AgentLoadError(f"agents entry {entry!r} is neither an agent directory (config.json + weights), a run "
                                  "directory (checkpoints/ or exports/) nor a .ckpt file. Fix: give "
@@ -310,11 +395,50 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
             raise AgentLoadError(f"agents entry {entry!r}: no config.json in it (and no exported agents in "
                                  f"{path / 'exports'}). Fix: give a Hugging Face model directory or a run directory")
         for directory in directories:
+            reason = incomplete_export(directory)
+            if reason:
+                raise AgentLoadError(f"agents entry {entry!r}: {directory} is an incomplete export ({reason}). "
+                                     f"Fix: {redo_export(directory)}")
             name, cfg = export_config(directory)
             key = _unique((name or directory.name).replace(".", "_"), agents)
             agents[key] = Agent.load(key, adjust(cfg), zoo_cache=zoo_cache, check_texts=())
             sources[key] = entry if entry.startswith(ZOO_PREFIX) else str(directory)
-    return agents, sources
+    return agents, sources, checkpoints
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def incomplete_export(directory: Path) -> str | None:
+    """Why `directory` is not a whole model directory (an export cut short), or None: its `.partial` name
+    (`Agent.export` renames a complete one), or no config.json, weights or tokenizer files; in a run's
+    `exports/`, also no `hacrl_agent.json` (written last by exports before the rename existed)."""
+    if directory.name.endswith(PARTIAL_SUFFIX):
+        return (f"its name ends in {PARTIAL_SUFFIX}: it is being written, or its writer was stopped before the "
+                f"rename to {directory.name.removesuffix(PARTIAL_SUFFIX)}")
+    missing = [f"{what} ({' or '.join(names[:2])})" for what, names in (
+        ("config", ("config.json",)), ("weights", WEIGHT_FILES), ("tokenizer files", TOKENIZER_FILES))
+        if not any((directory / name).is_file() for name in names)]
+    if not missing and _run_of_export(directory) and not (directory / AGENT_FILE).is_file():
+        missing.append(f"agent settings ({AGENT_FILE}, written last)")
+    return f"no {', no '.join(missing)} in it" if missing else None
+
+
+def _run_of_export(directory: Path) -> Path | None:
+    """The run directory whose `exports/` holds `directory`, or None."""
+    run = directory.parent.parent
+    return run if directory.parent.name == "exports" and (run / "config.yaml").is_file() else None
+
+
+def redo_export(directory: Path) -> str:
+    """How to write `directory` again: from its run's newest checkpoint when it is a run's export."""
+    run = _run_of_export(directory)
+    if run is None:
+        return "write the directory again (Agent.export, or save_pretrained of the model and of its tokenizer)"
+    return (f"re-export it: python scripts/train.py <the run's overrides> resume={run} (a run stopped during its "
+            f"exports trains nothing more and exports again), or evaluate the run's newest checkpoint instead: "
+            f"agents=[{run}]")
 
 
 def build_engines(agents: Mapping[str, Agent], *, backend: str = "hf", batch_size: int = 64,

@@ -13,7 +13,9 @@ vLLM and hub models and benchmarks that are neither cached nor reachable include
 agents and benchmarks, generates with the rollout engine, scores each benchmark with its own reward
 (its training task's: `synthetic` with exact_match, as the training's held-out evaluation; or
 `reward=<name>` for all), prints the table and writes results.json and results.md in `output_dir`,
-made once everything has loaded, with the resolved config as evaluate.yaml.
+made once everything has loaded, with the resolved config as evaluate.yaml. Agents from a run's
+checkpoint are scored at its newest checkpoint, named (file, step) in the table and results.json, with
+a note when the run is still training; an export cut short is refused with how to redo it.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def main(argv: list[str]) -> int:
             benchmarks[name] = exclude_unscorable(loaded, rewards[name], what=name)
             where = "generated" if not get_benchmark(name).hub_id else (files or "the hub")
             print(f"{name}: {len(benchmarks[name])} problems from {where}, scored by {rewards[name]}")
-        agents, sources = load_eval_agents(cfg.agents, zoo_cache=cfg.zoo_cache, adjust=adjust)
+        agents, sources, checkpoints = load_eval_agents(cfg.agents, zoo_cache=cfg.zoo_cache, adjust=adjust)
     except (AgentLoadError, BenchmarkLoadError, DataFormatError, FileNotFoundError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -79,13 +81,17 @@ def main(argv: list[str]) -> int:
                             export_dir=out / "engine_dirs")
     listed = ", ".join(f"{k} ({v})" for k, v in sources.items())
     print(f"agents: {listed} | protocol: {cfg.protocol} | device: {device}")
+    for name, info in checkpoints.items():
+        if info["run"] == "training":
+            print(f"note: {name}'s run is still training: scored at its newest checkpoint, step {info['step']} of "
+                  f"{info['steps_wanted']} ({info['file']}); a later checkpoint or its exports will differ")
     with ExitStack() as stack:
         pools = {reward: stack.enter_context(RewardPool(get_reward(reward), workers=cfg.reward_workers,
                                                         timeout_s=cfg.reward_timeout_s))
                  for reward in dict.fromkeys(rewards.values())}
         results = evaluate_agents(agents, benchmarks, plans, score={b: pools[r].score for b, r in rewards.items()},
                                   engines=engines, temperature=cfg.temperature, seed=cfg.seed, protocol=cfg.protocol,
-                                  sources=sources, progress=print)
+                                  sources=sources, checkpoints=checkpoints, progress=print)
         results["reward_failures"] = {reward: dict(pool.stats) for reward, pool in pools.items()}
     results["settings"] = OmegaConf.to_container(dcfg, resolve=True)
     json_path, md_path = write_results(results, out)

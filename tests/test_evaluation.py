@@ -7,8 +7,11 @@ import importlib.util
 import json
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -168,10 +171,11 @@ def test_checkpoint_agents_get_the_checkpoints_weights(zoo_agents, tmp_path):
     assert checkpoint.exists()
 
     for entry in (run_dir, checkpoint):
-        agents, sources = load_eval_agents([str(entry)])
+        agents, sources, checkpoints = load_eval_agents([str(entry)])
         assert list(agents) == ["tiny_a", "tiny_b"]
         for name, agent in agents.items():
-            assert sources[name] == f"checkpoint {entry}"
+            assert sources[name] == f"checkpoint {checkpoint}"  # the file, also when a run dir was given
+            assert checkpoints[name] == {"file": str(checkpoint), "step": 1, "steps_wanted": 1, "run": "completed"}
             exported = AutoModelForCausalLM.from_pretrained(run_dir / "exports" / name).state_dict()
             loaded = agent.model.state_dict()
             assert loaded.keys() == exported.keys()
@@ -185,18 +189,112 @@ def test_checkpoint_agents_get_the_checkpoints_weights(zoo_agents, tmp_path):
 
 
 def test_exported_dirs_restore_their_settings(exports, zoo_agents):
-    agents, sources = load_eval_agents([str(exports["tiny_a"]), str(exports["tiny_a"])])
-    assert list(agents) == ["tiny_a", "tiny_a-2"]
+    agents, sources, checkpoints = load_eval_agents([str(exports["tiny_a"]), str(exports["tiny_a"])])
+    assert list(agents) == ["tiny_a", "tiny_a-2"] and checkpoints == {}
     assert agents["tiny_a"].max_response_len == zoo_agents["tiny_a"].max_response_len
     assert sources["tiny_a"] == str(exports["tiny_a"])
     run_dir = exports["tiny_a"].parents[1]  # a run dir without checkpoints: its exports
-    agents, sources = load_eval_agents([str(run_dir)])
+    agents, sources, _ = load_eval_agents([str(run_dir)])
     assert sources == {"tiny_a": str(exports["tiny_a"]), "tiny_b": str(exports["tiny_b"])}
     for entry in (str(exports["tiny_a"].parent / "no_such_agent"), "runs/missing/exports/tiny_a"):
         with pytest.raises(AgentLoadError, match="neither an agent directory"):
             load_eval_agents([entry])
     with pytest.raises(AgentLoadError, match="no config.json in it"):
         load_eval_agents([str(exports["tiny_a"].parent)])
+
+
+KILL_IN_EXPORT = """
+import os, runpy, signal, sys
+import hacrl_lightning.agents.agent as agent
+agent.save_tokenizer = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)  # weights written, tokenizer not
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+"""`python -c KILL_IN_EXPORT scripts/train.py ...`: the real script, killed by SIGKILL half-way through its first export."""
+
+ONE_STEP = ["agents=[tiny_a,tiny_b]", "data.prompts_per_step=4", "trainer.mini_batch_prompts=2", "rollout.group_size=2",
+            "trainer.eval_every=0", "data.eval_size=2"]
+
+
+def test_an_export_cut_short_never_looks_complete_and_resume_exports_again(tmp_path, zoo_cache, script_main, capsys):
+    run, out = tmp_path / "run", tmp_path / "eval"
+    args = [*ONE_STEP, "trainer.steps=1", f"zoo_cache={zoo_cache}", f"run_dir={run}"]
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_EXPORT, str(REPO / "scripts" / "train.py"), *args],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    exports = run / "exports"
+    assert sorted(p.name for p in exports.iterdir()) == ["tiny_a.partial"]  # no tiny_a that looks complete
+    assert (exports / "tiny_a.partial" / "model.safetensors").is_file()
+
+    for entry in (exports / "tiny_a", exports / "tiny_a.partial"):
+        status = _script().main([f"agents=[{entry}]", "benchmarks=[synthetic]", "limit=2", f"output_dir={out}"])
+        err = capsys.readouterr().err
+        assert status == 2
+        assert f"{exports / 'tiny_a.partial'} is an incomplete export" in err, err
+        assert f"resume={run}" in err and f"agents=[{run}]" in err  # how to redo it, or what to score instead
+        assert "sentencepiece" not in err and "chat template" not in err
+    assert not out.exists()
+
+    assert script_main("train")([*args, f"resume={run}"]) == 0  # the run trains nothing more and exports again
+    assert sorted(p.name for p in exports.iterdir()) == ["tiny_a", "tiny_b"]
+    agents, sources, _ = load_eval_agents([str(exports / "tiny_a")])
+    assert sources == {"tiny_a": str(exports / "tiny_a")}
+
+    half = tmp_path / "half"  # a directory cut short by other means: its tokenizer files missing
+    shutil.copytree(exports / "tiny_a", half)
+    (half / "tokenizer.json").unlink()
+    (half / "tokenizer_config.json").unlink()
+    with pytest.raises(AgentLoadError, match=r"incomplete export \(no tokenizer files \(tokenizer.json or "
+                                             r"tokenizer_config.json\) in it\). Fix: write the directory again"):
+        load_eval_agents([str(half)])
+
+
+def test_an_export_replaces_the_previous_one_whole_and_refuses_a_users_directory(zoo_agents, tmp_path):
+    target = tmp_path / "tiny_a"
+    target.mkdir()
+    (target / "pytorch_model.bin").write_text("an older export's weights")
+    (target / "config.json").write_text("{}")
+    zoo_agents["tiny_a"].export(target)
+    assert "pytorch_model.bin" not in {p.name for p in target.iterdir()}  # no stale file beside the new export
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny_a"]      # no .partial or .old left
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="holds other files than a model directory's"):
+        zoo_agents["tiny_a"].export(mine)
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_evaluate_on_a_run_still_training_names_the_checkpoint_it_scored(tmp_path, zoo_cache, capsys):
+    run, out = tmp_path / "run", tmp_path / "eval"
+    args = [*ONE_STEP, "trainer.steps=1000", "trainer.checkpoint_every=1", f"zoo_cache={zoo_cache}", f"run_dir={run}"]
+    training = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *args], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # a hang guard, not a timing
+        while not list((run / "checkpoints").glob("step_*.ckpt")):
+            assert training.poll() is None, training.stderr.read()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        status = _script().main([f"agents=[{run}]", "benchmarks=[synthetic]", "limit=2", f"output_dir={out}",
+                                 "reward_workers=0"])
+        still_training = training.poll() is None
+    finally:
+        training.send_signal(signal.SIGTERM)
+        training.communicate(timeout=300)
+    printed = capsys.readouterr().out
+    assert status == 0 and still_training
+    results = json.loads((out / "results.json").read_text())
+    for name in ("tiny_a", "tiny_b"):
+        info = results["agents"][name]["checkpoint"]
+        checkpoint = Path(info["file"])
+        assert checkpoint.parent == run / "checkpoints" and checkpoint.name == f"step_{info['step']:07d}.ckpt"
+        assert info["step"] >= 1 and info["steps_wanted"] == 1000 and info["run"] == "training"
+        assert results["agents"][name]["source"] == f"checkpoint {checkpoint}"
+    table = format_table(results)
+    assert f"| step {info['step']} of 1000, {checkpoint.name}, run still training |" in table
+    assert table in printed and table in (out / "results.md").read_text()
+    assert f"note: tiny_a's run is still training: scored at its newest checkpoint, step {info['step']} of 1000" in printed
 
 
 # --- scripts/evaluate.py ------------------------------------------------------------------------
@@ -253,7 +351,7 @@ def test_evaluate_on_two_exported_agents_writes_table_and_files(exports, arithme
         assert row["average"] == pytest.approx((greedy["headline"] + aime["headline"]) / 2)
 
     # the greedy scores are what the agents really answer: recompute them in this process
-    agents, _ = load_eval_agents([str(exports["tiny_a"]), str(exports["tiny_b"])])
+    agents, _, _ = load_eval_agents([str(exports["tiny_a"]), str(exports["tiny_b"])])
     engines = build_engines(agents)
     examples = list(load_benchmark("gsm8k", [arithmetic_benchmark]))
     from hacrl_lightning.rollout.engine import SamplingSettings

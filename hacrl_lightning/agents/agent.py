@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -177,6 +178,11 @@ class Agent(nn.Module):
         (`context_length`); every file in `directory` is made readable by all (0644; transformers writes
         the weights through a private temporary file).
 
+        The files are written into `<directory>.partial` and renamed to `directory` once all are there
+        (a previous export in `directory` is replaced whole), so a process killed mid-export leaves only
+        the `.partial` name, never a directory that looks complete; a stale `.partial` is removed by the
+        next export. A `directory` that holds other files than a model's is refused (nothing is deleted).
+
         Under FSDP2 every rank must call it (the full state dict is gathered); rank 0 writes.
         """
         directory = Path(directory)
@@ -185,7 +191,7 @@ class Agent(nn.Module):
             return directory
         state_dict = _in_dtype(state_dict if state_dict is not None else self.model.state_dict(),
                                getattr(torch, self.cfg.dtype))  # fp32 master weights, written in the agent's dtype
-        directory.mkdir(parents=True, exist_ok=True)
+        final, directory = directory, _fresh_partial(directory)
         generation = self.model.generation_config
         generation.eos_token_id = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id
         generation.pad_token_id = self.pad_token_id
@@ -203,7 +209,8 @@ class Agent(nn.Module):
         for path in directory.iterdir():
             if path.is_file():
                 path.chmod(0o644)
-        return directory
+        _replace_dir(directory, final)
+        return final
 
     @property
     def context_length(self) -> int:
@@ -238,6 +245,36 @@ def render_chat_prompts(tokenizer: PreTrainedTokenizerBase, cfg: AgentConfig, te
         return []
     return tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True,
                                          **cfg.chat_template_kwargs)
+
+
+PARTIAL_SUFFIX = ".partial"
+"""An export being written: `<dir>.partial`, renamed to `<dir>` when complete (`Agent.export`)."""
+
+
+def _fresh_partial(final: Path) -> Path:
+    """An empty `<final>.partial` to export into (a stale one, left by a killed export, is removed);
+    refuses a `final` that holds other files than a model directory's."""
+    if final.is_dir() and any(final.iterdir()) and not any((final / name).exists()
+                                                          for name in (AGENT_FILE, "config.json")):
+        raise FileExistsError(f"export to {final}: it holds other files than a model directory's "
+                              f"({', '.join(sorted(p.name for p in final.iterdir())[:5])}); an export replaces the "
+                              "whole directory. Fix: export into a new or empty directory")
+    partial = final.with_name(final.name + PARTIAL_SUFFIX)
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    return partial
+
+
+def _replace_dir(partial: Path, final: Path) -> None:
+    """Rename the complete `partial` to `final`, replacing a previous `final` (moved aside, then removed)."""
+    old = final.with_name(final.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(partial, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _full_state_dict(model: nn.Module) -> tuple[dict | None, bool]:
