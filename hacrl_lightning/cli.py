@@ -13,8 +13,11 @@ so that what `--cfg job` prints and `config.yaml` saves is what runs.
 
 The scripts use the compose API rather than `@hydra.main`: the working directory never changes,
 config paths are absolute (runs work from any directory), and errors are ours to word. The config
-tree is the repository's `configs/` (and `agents/`): this module finds it beside the package, as
-in a source checkout or an editable install. Deliberately not here: any check of the values
+tree is the repository's `configs/` (and `agents/`): this module finds it inside the package in a
+wheel install (the wheel ships them there) and beside the package in a source checkout or an editable
+install (`CONFIG_DIR`). A user's own presets come from folders of theirs (`hydra.searchpath=[file://...]`,
+laid out as configs/) or, for agents, from a YAML file's path in `agents=[...]` (`register_agent_files`).
+Deliberately not here: any check of the values
 (`config`, `presets`, `preflight`) and anything that runs a job (`scripts/`).
 """
 
@@ -41,8 +44,20 @@ from hacrl_lightning.preflight import check_evaluate, check_run, pure_problems, 
 from hacrl_lightning.presets import composition_problems, resolve_algorithm
 from hacrl_lightning.run_dir import resume_run_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONFIG_DIR = REPO_ROOT / "configs"
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent
+"""The source tree when the package runs from one (a checkout, an editable install); in a wheel install,
+the folder holding the installed package (site-packages), which has no configs/, scripts/ or tests/."""
+INSTALLED = (PACKAGE_DIR / "configs" / "train.yaml").is_file()
+"""True for a wheel (non-editable) install: the wheel ships configs/, agents/ and scripts/ inside the
+package (pyproject.toml, setup.py); False in the source tree, where they stay at the top of the repo."""
+CONFIG_DIR = PACKAGE_DIR / "configs" if INSTALLED else REPO_ROOT / "configs"
+"""Hydra's primary config folder: `configs/` (its `agents` group is the top-level `agents/`)."""
+SCRIPTS_DIR = PACKAGE_DIR / "scripts" if INSTALLED else REPO_ROOT / "scripts"
+"""`train.py`, `evaluate.py`, `compare.py`, ...: the jobs' entry functions (`hacrl_lightning.entry`)."""
+WORK_DIR = Path.cwd() if INSTALLED else REPO_ROOT
+"""Where a job with no output folder of its own writes (`runs/compare/...`): the repo in a checkout,
+the working directory of an installed package."""
 GROUPS = ("algorithm", "data", "rollout", "trainer", "experiment", "agents")
 EVALUATE_DIR = "evaluate"
 """The evaluation config's folder under CONFIG_DIR (`configs/evaluate/evaluate.yaml`)."""
@@ -58,16 +73,85 @@ def register_schema() -> None:
         OmegaConf.register_new_resolver("repo", lambda path: str(REPO_ROOT / path))
 
 
-def group_options(group: str) -> dict[str, Path]:
-    """Option name -> file for a config group (`agents` is the top-level agents/ folder)."""
-    return {path.stem: path for path in sorted((CONFIG_DIR / group).glob("*.yaml"))}
+def user_config_dirs(overrides: Sequence[str] = ()) -> list[Path]:
+    """The user's own config folders: each local `file://` entry of a `hydra.searchpath=[...]` override
+    (a folder laid out as configs/: `agents/*.yaml`, `experiment/*.yaml`, ...), relative to the working
+    directory; Hydra then composes from them after the shipped configs."""
+    dirs: list[Path] = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") == "hydra.searchpath":
+            entries = [entry.strip(" '\"") for entry in value.strip("[]").split(",") if entry.strip()]
+            dirs += [Path(entry[len("file://"):]).expanduser() for entry in entries if entry.startswith("file://")]
+    return dirs
 
 
-def agent_key(option: str) -> str:
-    """The key an agent file lands under: its `# @package agents.<key>` line."""
-    path = CONFIG_DIR / "agents" / f"{option}.yaml"
+def group_options(group: str, user_dirs: Sequence[Path] = ()) -> dict[str, Path]:
+    """Option name -> file for a config group (`agents` is the top-level agents/ folder), the user's
+    folders (`user_config_dirs`) included; a shipped option wins over a user file of the same name."""
+    options: dict[str, Path] = {}
+    for folder in [*reversed(list(user_dirs)), CONFIG_DIR]:
+        options.update({path.stem: path for path in sorted((folder / group).glob("*.yaml"))})
+    return options
+
+
+def agent_key(option: str, path: Path | None = None) -> str:
+    """The key an agent file lands under: its `# @package agents.<key>` line (else the option's name)."""
+    path = path or CONFIG_DIR / "agents" / f"{option}.yaml"
     match = re.search(r"^#\s*@package\s+agents\.(\S+)", path.read_text(), flags=re.M) if path.exists() else None
     return match.group(1) if match else option
+
+
+def is_agent_file(option: Any) -> bool:
+    """An entry of `agents=[...]` that is a path to a YAML file of the user's rather than a preset's name."""
+    return isinstance(option, str) and option.endswith((".yaml", ".yml")) and ("/" in option or Path(option).exists())
+
+
+def register_agent_files(overrides: Sequence[str]) -> tuple[list[str], list[Problem]]:
+    """Agents given as YAML files (`agents=[tiny_a,my_agents/mine.yaml]`): each file is stored as an option
+    of the `agents` group (named by its stem; it lands under its `# @package agents.<key>` line, else under
+    the stem with dots as underscores) and the override names that option. Returns the rewritten overrides
+    and the problems (a missing file; a name that a shipped preset already has)."""
+    out: list[str] = []
+    problems: list[Problem] = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if key != "agents" or not sep:
+            out.append(override)
+            continue
+        try:
+            chosen = OverridesParser.create().parse_overrides([override])[0].value()
+        except HydraException:
+            out.append(override)  # check_overrides words it
+            continue
+        if not isinstance(chosen, list) or not any(map(is_agent_file, chosen)):
+            out.append(override)
+            continue
+        names = []
+        for option in chosen:
+            if not is_agent_file(option):
+                names.append(str(option))
+                continue
+            path = Path(option).expanduser().resolve()
+            name = path.stem
+            if not path.is_file():
+                problems.append(Problem("agents", option, "an existing agent YAML file or a preset name",
+                                        f"check the path (relative to {Path.cwd()})"))
+            elif name in group_options("agents"):
+                problems.append(Problem("agents", option, f"a file whose name is not a shipped preset's ({name})",
+                                        f"rename the file, e.g. my_{name}.yaml"))
+            else:
+                package = f"agents.{agent_key(name.replace('.', '_'), path)}"
+                node = OmegaConf.load(path)
+                ConfigStore.instance().store(group="agents", name=name, node=node, package=package)
+                _AGENT_FILES[name] = path
+                names.append(name)
+        out.append(f"agents=[{','.join(names)}]")
+    return out, problems
+
+
+_AGENT_FILES: dict[str, Path] = {}
+"""Agent files registered by `register_agent_files` in this process: option name -> path."""
 
 
 def _schema_leaf(path: list[str]) -> tuple[Any, Problem | None]:
@@ -108,19 +192,24 @@ def check_overrides(overrides: Sequence[str]) -> list[Problem]:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as err:
         return [Problem("overrides", list(overrides), "key=value pairs", str(err).splitlines()[0])]
+    user_dirs = user_config_dirs(overrides)
+    problems += [Problem("hydra.searchpath", f"file://{folder}", "an existing folder laid out as configs/",
+                         f"check the path (relative to {Path.cwd()})") for folder in user_dirs if not folder.is_dir()]
     for ov in parsed:
         key = ov.key_or_group
         if key.startswith("hydra") or ov.is_add() or ov.is_delete():
             continue
         if key in GROUPS and (CONFIG_DIR / key).is_dir():
             value = ov.value()
-            options = group_options(key)
+            options = {**group_options(key, user_dirs), **(_AGENT_FILES if key == "agents" else {})}
             chosen = value if isinstance(value, list) else [value]
             for name in chosen:
                 if name is not None and str(name) not in options:
                     problems.append(Problem(key, name, suggest(str(name), options),
-                                            f"add {CONFIG_DIR / key}/{name}.yaml or pick a known {key} preset"))
-            if key == "agents" and isinstance(value, list) and len(set(map(agent_key, map(str, value)))) != len(value):
+                                            f"add {key}/{name}.yaml to a folder of yours given by "
+                                            f"hydra.searchpath=[file://<folder>] or pick a known {key} preset"))
+            keys = [agent_key(str(name), options.get(str(name))) for name in value] if isinstance(value, list) else []
+            if key == "agents" and len(set(keys)) != len(keys):
                 problems.append(Problem("agents", value, "each agent once", "remove the duplicate agent"))
             continue
         hint, problem = _schema_leaf(key.split("."))
@@ -183,7 +272,9 @@ def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> Di
 
 def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
     """The composed (unvalidated) training DictConfig; raises ConfigError for override and composition problems."""
-    problems = check_overrides(overrides)
+    register_schema()
+    overrides, problems = register_agent_files(overrides)
+    problems += check_overrides(overrides)
     if problems:
         raise ConfigError(problems)
     return _compose(CONFIG_DIR, "train", overrides)

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hacrl_lightning import experiments as ex
-from hacrl_lightning.cli import REPO_ROOT, compose_config
+from hacrl_lightning.cli import SCRIPTS_DIR, WORK_DIR, compose_config
 from hacrl_lightning.errors import ConfigError, Problem
 
 METHODS = ["grpo", "gspo", "gspo_x2", "naive", "hacpo"]
@@ -109,7 +109,7 @@ def plan(cfg: CompareConfig) -> tuple[list[ex.Arm], Path]:
     duplicates = ex.duplicate_names(arms)
     if duplicates:
         raise ConfigError([Problem(key, duplicates, "each arm once", fix)])
-    out = Path(cfg.out or REPO_ROOT / "runs" / "compare" / cfg.study).resolve()
+    out = Path(cfg.out or WORK_DIR / "runs" / "compare" / cfg.study).resolve()
     return arms, out
 
 
@@ -144,14 +144,14 @@ def command(spec: ex.RunSpec, training: list[str]) -> list[str]:
     args = spec.overrides(training)
     if spec.same_config and (spec.run_dir / "checkpoints").is_dir():
         try:
-            return [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args,
+            return [sys.executable, str(SCRIPTS_DIR / "train.py"), *args,
                     f"resume={latest_checkpoint(spec.run_dir / 'checkpoints')}"]
         except FileNotFoundError:
             pass
     if spec.run_dir.is_dir() and any(spec.run_dir.iterdir()):
         spec.summary_path.unlink(missing_ok=True)
         args.append("overwrite=true")
-    return [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *args]
+    return [sys.executable, str(SCRIPTS_DIR / "train.py"), *args]
 
 
 def changes(saved: dict | None, wanted: dict) -> str:
@@ -217,7 +217,7 @@ def run_all(cfg: CompareConfig, specs: list[ex.RunSpec], training: list[str], ou
             log = spec.log_path.open("a")
             log.write(f"$ {' '.join(args)}\n")
             log.flush()
-            running.append((spec, subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT),
+            running.append((spec, subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=WORK_DIR),
                             log))
             print(f"  start  {spec.arm.name} seed={spec.seed}", flush=True)
         time.sleep(0.5)
