@@ -14,7 +14,7 @@ advantages and optimizer steps (the module), and the math of retokenization (exc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -134,11 +134,14 @@ class RolloutDataModule(pl.LightningDataModule):
     agents: the run's agents in config order; train_set / eval_set: the task, loaded once by the
     caller; data / rollout: their config sections; responses_per_prompt: G times the rollout
     multiplier; share_rollouts: whether a learner's view holds every agent's responses; steps, seed:
-    the run's budget and seed; engine_dir: where an engine may write weights (vLLM)."""
+    the run's budget and seed; engine_dir: where an engine may write weights (vLLM); engine_logprobs:
+    ask every engine for the sampled tokens' log-probs (the truncated importance-sampling correction
+    needs them); an engine that reports them at no cost (`free_logprobs`: vLLM) is always asked, for the
+    rollout/trainer mismatch metric."""
 
     def __init__(self, agents: dict[str, Agent], *, train_set: PromptDataset, eval_set: PromptDataset,
                  data: DataConfig, rollout: RolloutConfig, responses_per_prompt: int, share_rollouts: bool,
-                 steps: int, seed: int, engine_dir: Path):
+                 steps: int, seed: int, engine_dir: Path, engine_logprobs: bool = False):
         super().__init__()
         self.agents = agents
         self.names = list(agents)
@@ -146,6 +149,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.group_size = responses_per_prompt
         self.share_rollouts = share_rollouts
         self.steps, self.seed, self.engine_dir = steps, seed, Path(engine_dir)
+        self.engine_logprobs = engine_logprobs
         self._task = (train_set, eval_set)
         self.reward_pool = RewardPool(get_reward(data.reward), workers=data.reward_workers,
                                       timeout_s=data.reward_timeout_s)  # workers start on first use
@@ -191,8 +195,11 @@ class RolloutDataModule(pl.LightningDataModule):
     # -- one step ---------------------------------------------------------------------------------
 
     def sampling(self, agent: Agent, *, n: int, seed: int) -> SamplingSettings:
-        """How `agent` samples its training responses: its own settings (`SamplingSettings.for_agent`)."""
-        return SamplingSettings.for_agent(agent.cfg, n=n, seed=seed)
+        """How `agent` samples its training responses: its own settings (`SamplingSettings.for_agent`), with
+        the engine's log-probs where they are wanted or free."""
+        settings = SamplingSettings.for_agent(agent.cfg, n=n, seed=seed)
+        free = getattr(self.engines.get(agent.name), "free_logprobs", False)
+        return replace(settings, return_logprobs=self.engine_logprobs or free)
 
     def generate(self, examples: Sequence[Example], *, step: int, n: int) -> dict[str, list]:
         """Every agent answers every prompt n times with its own sampling: agent name -> flat Generations

@@ -49,6 +49,10 @@ class Rollout:
     finish_reason: FinishReason
     reward: Optional[float] = None
     """Filled by the reward step."""
+    engine_logprobs: Optional[list[float]] = None
+    """The source engine's log-prob of each of `token_ids` as it sampled them (NaN where it reported none),
+    or None when the engine was not asked for them; the trainer compares them with its own
+    (`{agent}/rollout/logp_diff_*`) and may correct for the difference (`algorithm.rollout_is_cap`)."""
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
@@ -92,7 +96,10 @@ def make_rollouts(source: Agent, examples: Sequence[_ExampleLike],
     rollouts = []
     for k, (ids, text, generation) in enumerate(zip(kept, texts, generations)):
         example = examples[k // n]
-        rollouts.append(Rollout(example.prompt_id, example.prompt, source.name, text, ids, generation.finish_reason))
+        reported = getattr(generation, "logprobs", None)
+        logprobs = list(reported[: len(ids)]) if reported else None
+        rollouts.append(Rollout(example.prompt_id, example.prompt, source.name, text, ids, generation.finish_reason,
+                                engine_logprobs=logprobs))
     return rollouts
 
 
@@ -117,6 +124,8 @@ class AgentView:
     prompt_truncated: torch.Tensor  # [B] bool, the prompt lost tokens on the left
     response_truncated: torch.Tensor  # [B] bool, the response lost tokens on the right (an EOS counts)
     unrepresentable: torch.Tensor   # [B] bool, a partner's text that the learner's tokenizer does not give back
+    engine_logp: torch.Tensor       # [B, T] float, the engine's log-prob of each own response token as sampled
+    #                                 (`Rollout.engine_logprobs`); NaN elsewhere and where none was reported
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -198,6 +207,12 @@ def _pad(learner: Agent, rollouts: Sequence[Rollout], rows, source_of, prompt_of
     def column(values, dtype):
         return torch.tensor(list(values), dtype=dtype)
 
+    engine_logp = torch.full((len(rows), width), float("nan"))                              # [B, T]
+    for b, (r, (prompt, response, *_)) in enumerate(zip(rollouts, rows)):
+        if r.source == learner.name and r.engine_logprobs:
+            reported = r.engine_logprobs[: len(response)]
+            engine_logp[b, len(prompt) : len(prompt) + len(reported)] = torch.tensor(reported, dtype=torch.float32)
+
     return AgentView(
         agent=learner.name,
         input_ids=column(ids, torch.long).reshape(len(rows), width),
@@ -210,4 +225,5 @@ def _pad(learner: Agent, rollouts: Sequence[Rollout], rows, source_of, prompt_of
         prompt_truncated=column((row[2] for row in rows), torch.bool),
         response_truncated=column((row[3] for row in rows), torch.bool),
         unrepresentable=column((i in unrepresentable for i in range(len(rows))), torch.bool),
+        engine_logp=engine_logp,
     )

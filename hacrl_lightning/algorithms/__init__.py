@@ -23,6 +23,7 @@ from hacrl_lightning.algorithms.losses import (
     sequence_log_ratio,
     sequence_mean_logp,
     token_log_ratio,
+    truncated_is_weight,
 )
 from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pass_at_k
 from hacrl_lightning.algorithms.objective import hacpo_loss
@@ -50,5 +51,6 @@ __all__ = [
     "sequence_mean_logp",
     "step_accuracy",
     "token_log_ratio",
+    "truncated_is_weight",
     "unbiased_pass_at_k",
 ]

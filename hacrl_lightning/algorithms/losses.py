@@ -30,6 +30,7 @@ __all__ = [
     "sequence_log_ratio",
     "sequence_mean_logp",
     "token_log_ratio",
+    "truncated_is_weight",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -172,6 +173,25 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, *, estimator: str = "k3") -> Tens
         neg = (-diff).clamp(-20.0, 20.0)
         return (neg.exp() - neg - 1.0).clamp(max=10.0)
     raise ValueError(f"unknown KL estimator {estimator!r}: known {sorted(KL_ESTIMATORS)}")
+
+
+# --- the rollout engine's mismatch --------------------------------------------------------------
+
+
+def truncated_is_weight(old_logp: Tensor, engine_logp: Tensor, loss_mask: Tensor, *, cap: float) -> Tensor:
+    """Truncated importance weight of each sampled token, [B, T] -> [B, T] (verl's `tis_imp_ratio_cap`):
+
+        w_t = min(exp(old_logp_t - engine_logp_t), cap)      (detached: a weight, not a ratio to train)
+
+    The sampler (a vLLM engine) and the trainer compute log-probs with different kernels and precision,
+    so the responses come from a policy slightly off the trainer's π_old; weighting each token's policy
+    term by π_old / π_engine corrects that, and the cap bounds the variance. `exp` takes the difference
+    clamped to ±MAX_ABS_LOG_RATIO. w = 1 outside `loss_mask` and where `engine_logp` is NaN (not reported).
+    """
+    _check_pair("old_logp", old_logp, "engine_logp", engine_logp, "[B, T]")
+    known = loss_mask.bool() & torch.isfinite(engine_logp)  # [B, T]
+    diff = torch.where(known, old_logp.detach() - engine_logp.to(old_logp), torch.zeros_like(old_logp))
+    return diff.clamp(-MAX_ABS_LOG_RATIO, MAX_ABS_LOG_RATIO).exp().clamp(max=cap)  # [B, T]
 
 
 # --- aggregation ------------------------------------------------------------------------------

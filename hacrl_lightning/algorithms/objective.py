@@ -28,6 +28,7 @@ from hacrl_lightning.algorithms.losses import (
     ppo_clip_term,
     sequence_mean_logp,
     token_log_ratio,
+    truncated_is_weight,
 )
 
 __all__ = ["ANSWERS", "CROSS_LOSSES", "METRIC_NAMES", "RATIO_LEVELS", "hacpo_loss"]
@@ -40,6 +41,7 @@ METRIC_NAMES = tuple(
     + [f"clip/{part}_{kind}" for part in ("self", "cross") for kind in ("low_frac", "high_frac", "frac")]
     + [f"count/{part}_{answer}" for part in ("self", "cross") for answer in ANSWERS]
     + [f"diag/{part}_nograd_frac_{answer}" for part in ("self", "cross") for answer in ANSWERS]
+    + ["rollout_is/weight_mean", "rollout_is/capped_frac"]
 )
 """Every key `hacpo_loss` may put in its metrics (a call returns the ones its batch has). A rate is a mean
 over the part's responses (`count/self` or `count/cross`), or, for `diag/{part}_nograd_frac_{answer}`,
@@ -78,6 +80,8 @@ def hacpo_loss(
     total_tokens: Union[float, Tensor, None] = None,
     total_seqs: Union[float, Tensor, None] = None,
     loss_scale_factor: Optional[float] = None,
+    rollout_is_cap: float = 0.0,
+    engine_logp: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Metrics]:
     """Loss of learner k on one mini-batch (paper Eq. 53: J = J_homo + J_hete; loss = -J aggregated).
 
@@ -105,6 +109,9 @@ def hacpo_loss(
       ref_logp [B, T]       reference log-probs (needed when kl_coef > 0)
       rewards [B]           each response's reward (optional; only the diagnostics read it: > 0 is correct)
       total_tokens, total_seqs, loss_scale_factor: see `aggregate_loss` (micro-batching, Dr. GRPO)
+      rollout_is_cap, engine_logp [B, T]: with a cap > 0, each own response token's policy term is
+                            weighted by `truncated_is_weight(old_logp, engine_logp, cap)` (the sampler's
+                            log-probs, NaN where unknown; needs old_logp); cross rows keep weight 1
     Returns (loss, metrics); metrics are detached, and keys of an absent part (no own or no cross
     responses in this batch) are left out.
 
@@ -193,6 +200,15 @@ def hacpo_loss(
     agg = dict(
         mode=loss_agg_mode, total_tokens=total_tokens, total_seqs=total_seqs, loss_scale_factor=loss_scale_factor
     )
+    if rollout_is_cap > 0:
+        if old_logp is None or engine_logp is None:
+            raise ValueError(f"rollout_is_cap={rollout_is_cap} needs old_logp and engine_logp [B, T] of own responses")
+        own_tokens = mask & own[:, None]  # [B, T]
+        weight = truncated_is_weight(old_logp.to(logp_new), engine_logp, own_tokens, cap=rollout_is_cap)  # [B, T]
+        loss_mat = loss_mat * weight
+        if bool(own_tokens.any()):
+            metrics["rollout_is/weight_mean"] = weight[own_tokens].mean()
+            metrics["rollout_is/capped_frac"] = (weight[own_tokens] >= rollout_is_cap).float().mean()
     policy_loss = -aggregate_loss(loss_mat, loss_mask, **agg)
     loss = policy_loss
     metrics["loss/policy"] = policy_loss.detach()

@@ -60,8 +60,9 @@ class Generation:
     """One sampled response, in the generating agent's token space.
 
     `token_ids` include the terminal stop token when `finish_reason == "stop"`; `logprobs[t]` is the
-    engine's log-probability of `token_ids[t]` under the sampling distribution (temperature applied);
-    empty when the settings said `return_logprobs=False`.
+    engine's log-probability of `token_ids[t]` under the sampling distribution (temperature applied),
+    NaN where the engine reported none (vLLM leaves out a stop token's); empty when the settings said
+    `return_logprobs=False`.
     """
 
     token_ids: list[int]

@@ -70,6 +70,9 @@ def split_response(tokens: Sequence[int], logprobs: Sequence[float], stop_ids: s
 class HFEngine:
     """Generates with the agent's own (training) model via `model.generate`."""
 
+    free_logprobs = False
+    """Log-probs cost a [batch, vocab] score tensor per generated token here: reported only when asked."""
+
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_token_id: int,
                  batch_size: int = 64, synced_gpus: bool | None = None):
         if not eos_token_ids:

@@ -103,7 +103,7 @@ def to_generations(request_outputs: Iterable[Any], stop_token_ids: Sequence[int]
             if reason == "stop" and (not ids or ids[-1] not in stop_set) and isinstance(stop_token, int):
                 ids.append(stop_token)
                 if wanted:
-                    logprobs.append(0.0)  # not reported by vLLM for an excluded stop token
+                    logprobs.append(float("nan"))  # vLLM reports none for a stop token it left out
             generations.append(Generation(ids, reason, logprobs))
     return generations
 
@@ -179,6 +179,10 @@ class VLLMEngine:
     a process of its own (vLLM's default; weights pushed through `model_dir`). On CUDA the memory share
     is vLLM's `gpu_memory_utilization`; on vLLM's CPU platform it is the share of this machine's memory
     its KV cache takes (`cpu_kv_cache_bytes`)."""
+
+    free_logprobs = True
+    """vLLM samples from log-probs it has already computed: reporting the sampled token's costs nothing, so
+    the trainer always asks, for the rollout/trainer mismatch metric (docs/training.md#the-vllm-backend)."""
 
     def __init__(self, model: torch.nn.Module, *, model_dir: str | os.PathLike, eos_token_ids: Sequence[int],
                  gpu_memory_utilization: float, max_model_len: int, dtype: str = "bfloat16", seed: int = 0,
