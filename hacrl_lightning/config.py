@@ -111,6 +111,12 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     """β of the KL penalty to a frozen reference (0 loads no reference model)."""
     kl_estimator: str = "k3"
+    rollout_is_cap: float = 0.0
+    """Truncated importance sampling of the rollout engine's mismatch (verl's `tis_imp_ratio_cap`, TRL's
+    vLLM importance-sampling correction): each own response token's policy term is weighted by
+    min(exp(log p_trainer_old - log p_engine), cap), detached. 0 switches it off (the default and the
+    paper); verl and TRL suggest 2-3. Partners' responses are not weighted (their cross ratio is already
+    taken against the source's own old log-probs)."""
     capability_window: int = 5
     """K: steps in the capability moving average (HACPO_SPEC §2)."""
     capability_floor: float = 1e-8
@@ -128,7 +134,7 @@ class AlgorithmConfig:
         return dict(ratio_level=self.ratio_level, clip_low=self.clip_low, clip_high=self.clip_high,
                     cross_loss=self.cross_loss, alpha=self.alpha, cross_clip=self.cross_clip,
                     use_omega=self.omega_factor, loss_agg_mode=self.loss_agg_mode, kl_coef=self.kl_coef,
-                    kl_estimator=self.kl_estimator)
+                    kl_estimator=self.kl_estimator, rollout_is_cap=self.rollout_is_cap)
 
     def advantage_settings(self) -> Dict[str, Any]:
         """Keyword arguments of `algorithms.compute_advantages`."""
@@ -413,6 +419,9 @@ def _check_algorithm(c: Checks, cfg: TrainConfig) -> None:
     if alg.rollout_multiplier < 1:
         c.bad("algorithm.rollout_multiplier", alg.rollout_multiplier, "an int >= 1", "use 1 (or 2 for gspo_x2)")
     c.positive("algorithm.kl_coef", alg.kl_coef, strict=False)
+    if alg.rollout_is_cap is None or not (alg.rollout_is_cap == 0 or alg.rollout_is_cap >= 1):
+        c.bad("algorithm.rollout_is_cap", alg.rollout_is_cap, "0 (off) or a cap >= 1",
+              "set algorithm.rollout_is_cap=0 to switch the correction off, or 2 as verl and TRL suggest")
     if alg.capability_window < 1:
         c.bad("algorithm.capability_window", alg.capability_window, "an int >= 1", "K = 5 in the paper")
     c.positive("algorithm.capability_floor", alg.capability_floor)
