@@ -303,6 +303,87 @@ def test_a_partial_entry_is_never_used(quick_preset, tmp_path, monkeypatch):
     assert set(read_manifest(entry)["files"]) >= {"config.json", "model.safetensors", "tokenizer.json"}
 
 
+def test_a_damaged_entry_is_made_again_saying_which_file_and_why(tmp_path, capsys):
+    entry = ensure_built("tiny_a", cache_dir=tmp_path)
+    capsys.readouterr()
+    size = (entry / "model.safetensors").stat().st_size
+    with open(entry / "model.safetensors", "r+b") as handle:
+        handle.truncate(1000)  # cut short
+    assert ensure_built("tiny_a", cache_dir=tmp_path) == entry and read_manifest(entry) is not None
+    assert (f"[zoo] tiny_a: the cache entry {entry} is damaged (model.safetensors: 1000 bytes, the manifest says "
+            f"{size}); making it again") in capsys.readouterr().err
+    text = (entry / "tokenizer.json").read_bytes()
+    (entry / "tokenizer.json").write_bytes(text.replace(b"{", b"[", 1))  # same size, other bytes
+    ensure_built("tiny_a", cache_dir=tmp_path)
+    assert "damaged (tokenizer.json: its SHA-256 differs from the manifest's)" in capsys.readouterr().err
+    (entry / MANIFEST).unlink()
+    ensure_built("tiny_a", cache_dir=tmp_path)
+    assert f"damaged ({MANIFEST}: missing (its build or copy never finished))" in capsys.readouterr().err
+    ensure_built("tiny_a", cache_dir=tmp_path)  # whole again: used silently
+    assert capsys.readouterr().err == ""
+
+
+KILL_IN_COPY = """
+import os, shutil, signal, sys
+from hacrl_lightning.agents.zoo import ensure_built
+copy, copied = shutil.copyfile, []
+def copy_one_then_die(source, target, **kwargs):
+    if copied:
+        os.kill(os.getpid(), signal.SIGKILL)
+    copied.append(copy(source, target, **kwargs))
+shutil.copyfile = copy_one_then_die
+ensure_built("tiny_a", cache_dir=sys.argv[1])
+"""
+"""A real process killed by SIGKILL while it fills a cache entry (after its first file)."""
+
+
+def test_a_build_killed_mid_way_leaves_a_staging_dir_that_the_next_build_removes(tmp_path, capsys):
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_COPY, str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    entry = zoo.entry_dir("tiny_a", tmp_path)
+    staging = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(staging) == 1 and staging[0].name.startswith(f".{entry.name}.")  # what the killed process left
+    assert ensure_built("tiny_a", cache_dir=tmp_path) == entry and read_manifest(entry) is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([entry.name, f".{entry.name}.lock"])
+    assert f"[zoo] removed {staging[0]}: the staging directory of a build or copy that was killed mid-way" in \
+        capsys.readouterr().err
+
+
+def read_only_prefix(directory: Path) -> list[str] | None:
+    """A command prefix that runs a command with `directory` mounted read-only in a private mount namespace
+    (`unshare -rm`: nothing changes outside that command), or None where this machine does not permit it."""
+    script = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" "$1" && shift && exec "$@"'
+    prefix = ["unshare", "-rm", "sh", "-c", script, "sh", str(directory)]
+    try:
+        probe = subprocess.run([*prefix, "touch", str(directory / ".probe")], capture_output=True, text=True,
+                               timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    refused = probe.returncode != 0 and "Read-only file system" in probe.stderr
+    return prefix if refused and not (directory / ".probe").exists() else None
+
+
+def test_a_read_only_cache_with_a_damaged_entry_is_a_clear_error(tmp_path):
+    cache, run = tmp_path / "cache", tmp_path / "run"
+    entry = ensure_built("tiny_a", cache_dir=cache)
+    (entry / "model.safetensors").unlink()
+    prefix = read_only_prefix(cache)
+    if prefix is None:  # no mount namespace here: a lock file path that is a directory fails every write as well
+        lock_path = cache / f".{entry.name}.lock"
+        lock_path.unlink()
+        lock_path.mkdir()
+        prefix = []
+    done = subprocess.run([*prefix, sys.executable, str(REPO / "scripts" / "train.py"), "agents=[tiny_a,tiny_b]",
+                           f"zoo_cache={cache}", f"run_dir={run}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert (f"zoo_cache: got '{cache}'; allowed: a directory this user can write (its entry {entry.name} is damaged "
+            f"(model.safetensors: missing) and must be redone; writing failed: ") in done.stderr
+    assert "HACRL_ZOO_CACHE=<writable dir>" in done.stderr and "zoo_cache=<writable dir>" in done.stderr
+    assert not run.exists()
+
+
 def test_cache_dir_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv(zoo.ENV_CACHE, str(tmp_path / "env"))
     assert resolve_cache_dir(tmp_path / "arg") == tmp_path / "arg"

@@ -5,7 +5,9 @@ Root: an explicit argument > $HACRL_ZOO_CACHE > ~/.cache/hacrl_lightning/zoo. An
 directory filled in a temporary sibling and renamed into place (`install`), under an exclusive
 file lock (`lock`) so two processes do not fill the same entry at once; its owner writes a
 manifest last that lists every file with its size and SHA-256 (`file_table`), and an entry whose
-files disagree with it (`files_intact`) is redone, never half-used.
+files disagree with it (`file_problems` names which and how) is redone, never half-used. A filler
+killed mid-way leaves its staging directory; the next filler of that entry, holding its lock, removes
+it (`remove_stale_staging`).
 Deliberately not here: what goes into an entry (`zoo.py`, `wheels.py`).
 """
 
@@ -45,13 +47,38 @@ def file_table(directory: Path, *, skip: str) -> Dict[str, Dict[str, Any]]:
             for p in sorted(directory.iterdir()) if p.is_file() and p.name != skip}
 
 
-def files_intact(directory: Path, table: Dict[str, Dict[str, Any]]) -> bool:
-    """Every file of `table` is in `directory` with its size and checksum (raises on a malformed table)."""
+def file_problems(directory: Path, table: Dict[str, Dict[str, Any]]) -> list[str]:
+    """What is wrong with each file of `table` in `directory` ("model.safetensors: missing", "...: 10 bytes,
+    the manifest says 20", "...: its SHA-256 differs from the manifest's"); raises on a malformed table."""
+    problems = []
     for name, info in table.items():
         path = directory / name
-        if not path.is_file() or path.stat().st_size != info["bytes"] or file_digest(path) != info["sha256"]:
-            return False
-    return True
+        if not path.is_file():
+            problems.append(f"{name}: missing")
+        elif path.stat().st_size != info["bytes"]:
+            problems.append(f"{name}: {path.stat().st_size} bytes, the manifest says {info['bytes']}")
+        elif file_digest(path) != info["sha256"]:
+            problems.append(f"{name}: its SHA-256 differs from the manifest's")
+    return problems
+
+
+def files_intact(directory: Path, table: Dict[str, Dict[str, Any]]) -> bool:
+    """Every file of `table` is in `directory` with its size and checksum (raises on a malformed table)."""
+    return not file_problems(directory, table)
+
+
+def staging_dirs(final: Path) -> list[Path]:
+    """The staging directories of entry `final` (`install`'s `.<name>.XXXXXXXX` siblings; not its lock file)."""
+    return sorted(p for p in final.parent.glob(f".{final.name}.*") if p.is_dir() and not p.is_symlink())
+
+
+def remove_stale_staging(final: Path) -> list[Path]:
+    """Remove the staging directories a filler of `final` killed mid-way left, and return them. Call it
+    holding the entry's `lock`: every filler holds it, so no live process owns one of them then."""
+    stale = staging_dirs(final)
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 @contextlib.contextmanager

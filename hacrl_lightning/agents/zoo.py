@@ -55,14 +55,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from hacrl_lightning.agents.agent import Agent
-from hacrl_lightning.agents.cache import DEFAULT_CACHE, ENV_CACHE, file_table, files_intact, install, lock, \
-    resolve_cache_dir
+from hacrl_lightning.agents.cache import DEFAULT_CACHE, ENV_CACHE, file_problems, file_table, files_intact, install, \
+    lock, remove_stale_staging, resolve_cache_dir
 from hacrl_lightning.agents.sources import register_resolver
 from hacrl_lightning.agents.tokenizers import PUNCTUATION_JOINS_WORD, WORD_TAKES_SPACE, RegistryTokenizerSpec, \
     TokenizerSpec, build_tokenizer
 from hacrl_lightning.config import AgentConfig, DataConfig
 from hacrl_lightning.data.synthetic import format_answer, synthetic_examples
-from hacrl_lightning.errors import suggest
+from hacrl_lightning.errors import ConfigError, Problem, suggest
 from hacrl_lightning.rewards.exact_match import exact_match_reward
 
 ZOO_FORMAT = 4
@@ -516,23 +516,62 @@ def shipped_manifest(spec: ZooSpec) -> dict[str, Any] | None:
     return manifest
 
 
+def entry_damage(directory: Path, key: str) -> str | None:
+    """Why the cache entry `directory` cannot be used: "" when it is not there, None when it is whole,
+    else what is wrong (the manifest missing or unreadable, or each file that disagrees with it)."""
+    if not directory.exists():
+        return ""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+        if manifest.get("key") != key:
+            return f"{MANIFEST} is for another recipe (key {manifest.get('key')!r}, wanted {key!r})"
+        problems = file_problems(directory, manifest["files"])
+    except FileNotFoundError:
+        return f"{MANIFEST}: missing (its build or copy never finished)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"{MANIFEST}: unreadable ({type(err).__name__}: {err})"
+    return "; ".join(problems) or None
+
+
+class ZooCacheError(ConfigError):
+    """The zoo cache cannot be written where an entry must be made or redone (a read-only cache)."""
+
+
+def _cache_unwritable(root: Path, final: Path, damage: str, err: OSError) -> ZooCacheError:
+    need = f"its entry {final.name} is damaged ({damage}) and must be redone" if damage else \
+        f"its entry {final.name} is not there yet and must be made"
+    return ZooCacheError([Problem(
+        "zoo_cache", str(root), f"a directory this user can write ({need}; writing failed: {err.strerror or err})",
+        f"point the zoo cache at a writable directory: HACRL_ZOO_CACHE=<writable dir> in the environment or "
+        f"zoo_cache=<writable dir> on the command line (or make {root} writable)")])
+
+
 def ensure_built(name: str, *, cache_dir: str | os.PathLike | None = None, log=None) -> Path:
     """The directory of preset `name` in the cache: the shipped build copied in (checksums verified) when
-    one ships for the preset's recipe, else built here; redone if missing, partial or corrupt."""
+    one ships for the preset's recipe, else built here; redone if missing, partial or corrupt (a damaged
+    entry is named, with what is wrong with it), after removing staging directories a killed build left.
+    Raises ZooCacheError (a ConfigError on `zoo_cache`) when the cache cannot be written where it must be."""
     spec = get_spec(name)
     root = resolve_cache_dir(cache_dir)
     final = root / f"{spec.name}-{spec.key()}"
-    manifest = read_manifest(final)
-    if manifest is not None and manifest.get("key") == spec.key():
+    if entry_damage(final, spec.key()) is None:
         stats["hits"] += 1
         return final
-    root.mkdir(parents=True, exist_ok=True)
+    log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        open(root / f".{final.name}.lock", "a").close()
+    except OSError as err:
+        raise _cache_unwritable(root, final, entry_damage(final, spec.key()), err) from None
     with lock(root / f".{final.name}.lock"):
-        manifest = read_manifest(final)
-        if manifest is not None and manifest.get("key") == spec.key():  # made by another process meanwhile
+        damage = entry_damage(final, spec.key())
+        if damage is None:  # made by another process meanwhile
             stats["hits"] += 1
             return final
-        log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        for stale in remove_stale_staging(final):
+            log(f"[zoo] removed {stale}: the staging directory of a build or copy that was killed mid-way")
+        if damage:
+            log(f"[zoo] {spec.name}: the cache entry {final} is damaged ({damage}); making it again")
         shipped = shipped_manifest(spec)
         if shipped is not None:
             install(final, lambda staging: _copy_shipped(spec, staging))
