@@ -58,7 +58,7 @@ class AgentConfig:
     lr_warmup_steps: int = 0
     """Linear learning-rate warm-up over this many optimizer updates of this agent."""
     grad_clip: float = 1.0
-    """Gradient-norm clip per agent (HACPO_SPEC §6); 0 disables it."""
+    """Gradient-norm clip per agent (docs/spec.md §6); 0 disables it."""
     # sampling (HF defaults would add top_k=50: these are explicit)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -73,7 +73,7 @@ class AgentConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """The RL algorithm. `name` is a preset of `hacrl_lightning.presets` (HACPO_SPEC §9);
+    """The RL algorithm. `name` is a preset of `hacrl_lightning.presets` (docs/spec.md §9);
     each preset is also a file in `configs/algorithm/`. The defaults are the paper's HACPO."""
 
     name: str = "hacpo"
@@ -81,7 +81,7 @@ class AlgorithmConfig:
     """True: every learner trains on every agent's responses (HACPO, naive). False: agents train
     side by side on their own responses only (grpo, gspo, gspo_x2)."""
     advantage: str = "hacpo"
-    """`hacpo` (capability-aware joint baseline, §4) or `group` (own group mean/std, GRPO/GSPO)."""
+    """`hacpo` (capability-aware joint baseline, docs/spec.md §4) or `group` (own group mean/std, GRPO/GSPO)."""
     capability_baseline: bool = True
     """Weight partners' rewards by omega in the joint baseline (False: omega ≡ 1, `hacpo_no_adv`, `naive`)."""
     scale_by_std: bool = True
@@ -118,7 +118,7 @@ class AlgorithmConfig:
     paper); verl and TRL suggest 2-3. Partners' responses are not weighted (their cross ratio is already
     taken against the source's own old log-probs)."""
     capability_window: int = 5
-    """K: steps in the capability moving average (HACPO_SPEC §2)."""
+    """K: steps in the capability moving average (docs/spec.md §2)."""
     capability_floor: float = 1e-8
     capability_warmup_steps: int = 0
     omega_min: float = 0.1
@@ -168,7 +168,7 @@ class PairConfig:
 
 @dataclass
 class RolloutConfig:
-    """How responses are generated. Engines speak token ids only (DESIGN §3)."""
+    """How responses are generated. Engines speak token ids only (docs/engineering.md §13)."""
 
     backend: str = "hf"
     """`hf` (transformers generate; CPU or GPU) or `vllm` (the [vllm] extra on a CUDA GPU, or vLLM's CPU

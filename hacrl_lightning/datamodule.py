@@ -3,7 +3,7 @@
 The loader serves *prompts*, never rollouts: batch t is a fixed, seeded slice of the train set
 (step-indexed, so a resumed run sees exactly the prompts it would have seen), from a sized loader
 that Lightning does not prefetch. The module calls `rollout(batch)` inside `training_step`, i.e.
-after the previous update, so rollouts are strictly on-policy (DESIGN §4, engineering.md §0.6).
+after the previous update, so rollouts are strictly on-policy (docs/engineering.md §5).
 `rollout` generates with every agent's engine, decodes, scores once, gathers every rank's share,
 and builds each learner's token view (`agents/exchange.py`): the module receives the step whole
 and only trains. Engines are built in `setup`, after the process group exists. Held-out evaluation

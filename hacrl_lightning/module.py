@@ -1,6 +1,6 @@
 """HACRLModule: N agents, one optimizer each, manual optimization, one HACPO step per prompt batch.
 
-`training_step` reads top to bottom as Algorithm 1 of the paper (HACPO_SPEC §7), on the `StepBatch`
+`training_step` reads top to bottom as Algorithm 1 of the paper (docs/spec.md §7), on the `StepBatch`
 the DataModule hands over (rollouts from every agent's current weights, one reward per response, each
 learner's token view): the capability window and omega, each source's old log-probs (one forward pass
 over its own responses, shared by every learner), then for each learner its advantages and its
@@ -85,7 +85,7 @@ class HACRLModule(pl.LightningModule):
         self.names = list(agents)
         self.automatic_optimization = False
         self.references = nn.ModuleDict()
-        if self.alg.kl_coef > 0:  # β = 0 must not load a reference model (HACPO_SPEC §6)
+        if self.alg.kl_coef > 0:  # β = 0 must not load a reference model (docs/spec.md §6)
             for name, agent in agents.items():
                 reference = Agent(name, _frozen_copy(agent.model), agent.tokenizer, agent.cfg)
                 self.references[name] = reference
@@ -242,7 +242,7 @@ class HACRLModule(pl.LightningModule):
 
     @torch.no_grad()
     def _old_logprobs(self, views: dict[str, AgentView], plans: dict[str, StepPlan], rows: int):
-        """One forward pass per source over its own responses, before any update (HACPO_SPEC §5
+        """One forward pass per source over its own responses, before any update (docs/spec.md §5
         Decision). Each rank scores the own rows it will train on (its shares of the source's own
         mini-batches). Returns the source's mean old log-prob of every response of the step, in the
         flat (prompt, source, sample) order and the source's tokenization ([P·n·G], summed over ranks:

@@ -1,6 +1,6 @@
 """The global plan of one training step: each learner's mini-batches, their order and index m, and each rank's share.
 
-HACPO_SPEC §6-7: a learner trains on its own responses first, then each partner's in agent order,
+docs/spec.md §6-7: a learner trains on its own responses first, then each partner's in agent order,
 split into mini-batches of `mini_batch_size` responses; m is the index of the mini-batch (the
 stepwise clip reads it). All of that is a property of the *global* batch: every rank holds the
 whole step's rollouts (the DataModule gathers them), builds the same plan from the same seed, and
@@ -31,7 +31,7 @@ __all__ = ["StepPlan", "learner_order", "split_even"]
 
 def learner_order(is_own: Tensor, source_idx: Tensor, prompt_idx: Tensor, *, learner: int,
                   cross_cap: Optional[int], generator: torch.Generator) -> Tensor:
-    """Row order of one learner's view: own rows first, then partners' in agent order (HACPO_SPEC §6
+    """Row order of one learner's view: own rows first, then partners' in agent order (docs/spec.md §6
     Decision), each part shuffled with `generator`; with `cross_cap`, at most that many partner rows
     per prompt (`select_cross_samples`). is_own, source_idx, prompt_idx: [B]. Returns row indices [R]."""
     own = torch.nonzero(is_own).flatten()

@@ -12,7 +12,7 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
 - a local data file (`data.train_files`, `data.eval_files`) that does not exist; a `resume` that
   holds no complete checkpoint;
 - each agent's tokenizer (cheap to load; a `zoo:` preset is built once and cached): it must have a
-  chat template and an EOS token, round-trip the task's texts exactly (HACPO_SPEC §8), fit the
+  chat template and an EOS token, round-trip the task's texts exactly (docs/spec.md §8), fit the
   longest sampled task prompt, in its own chat template, in `max_prompt_len`, and fit the longest
   sampled answer (plus EOS) in `max_response_len`. A text longer than its limit times
   CHARS_PER_TOKEN_BOUND characters is refused by its length alone, never tokenized (the loaders
@@ -422,7 +422,7 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
         back = decode_text(tokenizer, encode_text(tokenizer, [lossy])[0])
         problems.append(Problem(tokenizer_key, source,
                                 "a lossless tokenizer: decode(encode(text)) == text on the task's texts "
-                                "(HACPO_SPEC §8)",
+                                "(docs/spec.md §8)",
                                 f"decode(encode({lossy!r})) gives {back!r}; use a byte-level BPE or byte-fallback "
                                 f"tokenizer, not WordPiece: {key}.tokenizer=<hub id or dir>"))
     if problems or not prompts:

@@ -1,4 +1,4 @@
-"""Algorithm presets by name: the baselines and ablations of HACPO_SPEC §9, and how an experiment's
+"""Algorithm presets by name: the baselines and ablations of docs/spec.md §9, and how an experiment's
 per-pair values combine with them.
 
 A preset is an `AlgorithmConfig` whose switches say which HACPO component is on. Each preset

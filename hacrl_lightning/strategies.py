@@ -1,6 +1,6 @@
 """Choose the Lightning strategy: one device, or `ModelParallelStrategy` with each agent sharded by FSDP2.
 
-Lightning's `FSDPStrategy` cannot run manual optimization (engineering.md §0.1), so several GPUs
+Lightning's `FSDPStrategy` cannot run manual optimization (docs/engineering.md §1), so several GPUs
 (or nodes) use `ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1)` and
 `shard_agent` wraps every agent separately with `fully_shard` in `configure_model`: each agent is
 its own FSDP2 root with its own optimizer. The same path runs on CPU over gloo for the tests.

@@ -1,4 +1,4 @@
-"""Advantages (HACPO_SPEC §4, paper Eqs. 5-7): hand-computed 2- and 3-agent cases, guards, properties.
+"""Advantages (docs/spec.md §4, paper Eqs. 5-7): hand-computed 2- and 3-agent cases, guards, properties.
 
 Hand cases use eps=0 so the numbers are exact fractions; one test checks the default eps.
 """

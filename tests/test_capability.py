@@ -1,4 +1,4 @@
-"""Capability window and ratio matrix (HACPO_SPEC §2-3, paper Eqs. 8-9): hand-computed numbers."""
+"""Capability window and ratio matrix (docs/spec.md §2-3, paper Eqs. 8-9): hand-computed numbers."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 an update comes from partners' responses, and what a run's summary says about them.
 
 The loss-level tests use one hand-built batch whose ratios, advantages and rewards decide, by the rules
-of HACPO_SPEC §6, which terms are constant; they check the metrics against those hand counts and against
+of docs/spec.md §6, which terms are constant; they check the metrics against those hand counts and against
 autograd (those rows get exactly zero gradient, the others do not). The run-level tests use real tiny zoo
 agents: the gradient-share diagnostic must not change the update (bit for bit), lies in [0, 1], and is 0
 for a learner without partners' responses.

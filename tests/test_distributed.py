@@ -88,7 +88,7 @@ def updates_m(calls: list[int]) -> list[int]:
 @pytest.mark.parametrize("case, updates", [("hacpo", 4), ("gspo_x2", 4), ("grpo", 2)])
 def test_two_ranks_make_the_one_rank_update(runs, case, updates):
     one, two = runs[0][case], runs[1][case]
-    # HACPO_SPEC §7: n·P/mini_batch_prompts = 4 (hacpo: 2·6/3; gspo_x2: 2G responses, half-size
+    # docs/spec.md §7: n·P/mini_batch_prompts = 4 (hacpo: 2·6/3; gspo_x2: 2G responses, half-size
     # mini-batches: 2·4/2), P/mini_batch_prompts = 2 for grpo; today's main made half as many on 2 ranks
     assert one["updates"] == two["updates"] == {"tiny_a": updates, "tiny_b": updates}
     assert one["responses"] == two["responses"]

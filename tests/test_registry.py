@@ -1,4 +1,4 @@
-"""Algorithm presets (HACPO_SPEC §9): selectable by name, loud on unknown names, and each ablation
+"""Algorithm presets (docs/spec.md §9): selectable by name, loud on unknown names, and each ablation
 differs from `hacpo` only in the component it names, in its fields and in its behaviour."""
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def test_one_hacpo_step_on_three_agents(tmp_path, zoo_cache, monkeypatch):
     cfg = config(tmp_path, zoo_cache, THREE, "trainer.steps=1")
     summary = train(cfg)
     n, prompts, mini = 3, 4, 2
-    updates = n * prompts // mini  # HACPO_SPEC §7: n·P / mini_batch_prompts = 6
+    updates = n * prompts // mini  # docs/spec.md §7: n·P / mini_batch_prompts = 6
     for name in ("tiny_a", "tiny_b", "tiny_c"):
         stepped = [changed for who, changed in spy.steps if who == name]
         assert len(stepped) == updates

@@ -4,7 +4,7 @@
 `zoo:<preset>` (an offline tiny agent, built on first use by `zoo.py`). Every form ends in the same
 `from_pretrained(<dir>)` path, so the tiny agents exercise the code that loads real models. At load
 time the agent refuses, before the weights load, a tokenizer with ids beyond the model's embedding
-(another model's tokenizer), then a tokenizer that does not round-trip the task's texts (HACPO_SPEC §8);
+(another model's tokenizer), then a tokenizer that does not round-trip the task's texts (docs/spec.md §8);
 a hub model that is neither cached nor reachable fails in seconds with the fix (a local directory).
 `export` writes a directory that transformers v4 loads too (`tokenizers.save_tokenizer`).
 

@@ -1,9 +1,9 @@
 """Responses shared between agents: tokenizer-neutral `Rollout` records and each learner's token view.
 
-Every agent answers every prompt (HACPO_SPEC §1); every learner trains on all of those answers. A
+Every agent answers every prompt (docs/spec.md §1); every learner trains on all of those answers. A
 `Rollout` keeps a response as its source produced it: the text (decoded once by the source) and the
 source's token ids. `view_for(learner, rollouts)` turns a list of rollouts into padded tensors in
-the learner's token space, exactly as HACPO_SPEC §8 says:
+the learner's token space, exactly as docs/spec.md §8 says:
 
 - the prompt in the learner's chat template (generation prompt added), left-truncated;
 - the learner's own responses in their original token ids;
@@ -148,7 +148,7 @@ class AgentView:
 
 def view_for(learner: Agent, rollouts: Sequence[Rollout], *, sources: Sequence[str],
              prompt_ids: Sequence[str] | None = None, rows: Sequence[int] | None = None) -> AgentView:
-    """The learner's token view of `rollouts` (HACPO_SPEC §8), one row per rollout, in order.
+    """The learner's token view of `rollouts` (docs/spec.md §8), one row per rollout, in order.
 
     A partner's response is re-encoded from `Rollout.response` (the text its source decoded in
     `make_rollouts`); the learner's own responses keep `Rollout.token_ids`. `sources`: agent

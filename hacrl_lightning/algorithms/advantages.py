@@ -1,7 +1,7 @@
 """Advantages: the own-group baseline of GRPO/GSPO and HACPO's capability-aware joint baseline.
 
 - `group_advantages`: paper Eq. 5, each response against its own group of G (grpo, gspo, gspo_x2).
-- `hacpo_baseline` / `hacpo_advantages`: Eqs. 6-7 with the two guards of HACPO_SPEC §4. One
+- `hacpo_baseline` / `hacpo_advantages`: Eqs. 6-7 with the two guards of docs/spec.md §4. One
   response pool gives every learner its own baseline, so the result carries a learner axis.
 - `compute_advantages`: what the trainer calls; the `AlgorithmConfig` switches pick the estimator.
 
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 ADVANTAGES = ("hacpo", "group")
-"""`hacpo`: the capability-aware joint baseline (HACPO_SPEC §4); `group`: each group's own mean/std (GRPO/GSPO)."""
+"""`hacpo`: the capability-aware joint baseline (docs/spec.md §4); `group`: each group's own mean/std (GRPO/GSPO)."""
 
 __all__ = ["compute_advantages", "group_advantages", "hacpo_advantages", "hacpo_baseline"]
 
@@ -31,7 +31,7 @@ def _all_equal(rewards: Tensor) -> Tensor:
 def group_advantages(rewards: Tensor, *, eps: float = 1e-6, scale_by_std: bool = True) -> Tensor:
     """Own-group advantage, paper Eq. 5: `A[p, i] = (R[p, i] - mean_i R[p]) / (std_i R[p] + eps)`.
 
-    std is the sample std (Bessel correction), as in HACPO_SPEC §4. `scale_by_std=False` keeps only
+    std is the sample std (Bessel correction), as in docs/spec.md §4. `scale_by_std=False` keeps only
     the centring (Dr. GRPO). A prompt whose G rewards are all equal gets A = 0.
     rewards: [P, G]. Returns [P, G].
     """
@@ -61,7 +61,7 @@ def hacpo_baseline(rewards: Tensor, omega: Tensor, *, baseline_guard: bool = Tru
         mu[k, p] = (1 / (n G)) Σ_j Σ_i omega[k, j] R[p, j, i]
 
     Partner j's rewards are scaled by cap_k / cap_j, so mu[k] estimates learner k's own expected
-    reward (Theorem 4.1). Guard (HACPO_SPEC §4, authors' code): where mu[k, p] > 1, the top of the
+    reward (Theorem 4.1). Guard (docs/spec.md §4, authors' code): where mu[k, p] > 1, the top of the
     reward range, use the learner's own-group mean `mean_i R[p, k, i]` instead.
     rewards: [P, n, G]; omega: [n, n] (learner, source). Returns mu: [n, P] (learner, prompt).
     """
@@ -90,7 +90,7 @@ def hacpo_advantages(
 
     mu is `hacpo_baseline` (Eq. 7, with the baseline guard); sigma[p] is the sample std (Bessel)
     of all n·G raw rewards of prompt p. A response of source j != k uses learner k's advantage
-    (HACPO_SPEC §4, Decision). A prompt whose n·G rewards are all equal gets A = 0 for every
+    (docs/spec.md §4, Decision). A prompt whose n·G rewards are all equal gets A = 0 for every
     learner (Decision). `omega = ones(n, n)` gives the unweighted joint baseline (naive, hacpo_no_adv).
     rewards: [P, n, G]; omega: [n, n]. Returns [n, P, n, G] (learner, prompt, source, sample).
     """

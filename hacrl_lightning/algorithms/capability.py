@@ -1,4 +1,4 @@
-"""Capability estimates and capability ratios (HACPO_SPEC §2-3; paper Eqs. 8-9).
+"""Capability estimates and capability ratios (docs/spec.md §2-3; paper Eqs. 8-9).
 
 Each agent's capability is the mean of its per-step accuracy over the last K steps, including the
 current one (Eq. 9). The ratio matrix `omega[k, j] = clamp(cap[k] / cap[j], 0.1, 10)` (Eq. 8) weights
@@ -38,7 +38,7 @@ def capability_ratios(cap: Tensor, clamp: Tuple[float, float] = DEFAULT_CLAMP) -
 
     Row k is the learner, column j the source. `omega[k, j] > 1` when k is stronger than j.
     The cross-term factor of learner k on a response of source j is the transposed entry
-    `omega[j, k]` (HACPO_SPEC §6). cap: [n], positive. Returns [n, n].
+    `omega[j, k]` (docs/spec.md §6). cap: [n], positive. Returns [n, n].
     """
     if cap.ndim != 1:
         raise ValueError(f"cap must have shape [n], got {tuple(cap.shape)}")
@@ -54,7 +54,7 @@ class CapabilityWindow:
     """The last `window` step accuracies of each agent, and the capabilities and ratios they give.
 
     - `cap_j = max(mean of agent j's last K accuracies, floor)`; before any update every cap is 1.
-    - During the first `warmup_steps` updates `omega()` returns all ones (HACPO_SPEC §2).
+    - During the first `warmup_steps` updates `omega()` returns all ones (docs/spec.md §2).
     - State is plain Python (lists of floats), so `state_dict()` can go into any checkpoint.
     """
 

@@ -38,7 +38,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 KL_ESTIMATORS = ("k1", "k2", "k3")
 """The estimators `kl_penalty` knows (Schulman's k1/k2/k3)."""
 MAX_ABS_LOG_RATIO = 10.0
-"""|log s| is clamped to this before exponentiating (HACPO_SPEC §5, authors' code)."""
+"""|log s| is clamped to this before exponentiating (docs/spec.md §5, authors' code)."""
 
 
 def _check_pair(name_a: str, a: Tensor, name_b: str, b: Tensor, shape: str) -> None:
@@ -86,7 +86,7 @@ def sequence_log_ratio(
 
     The first mean runs over the response in the learner's tokenization (logp_new, mask_new: [B, T]),
     the second over the source's (logp_old, mask_old: [B, T_old]); each divides by its own token
-    count, so T != T_old is expected for cross responses (HACPO_SPEC §5). Returns [B].
+    count, so T != T_old is expected for cross responses (docs/spec.md §5). Returns [B].
     """
     if logp_new.shape[0] != logp_old.shape[0]:
         raise ValueError(f"batch sizes differ: new {tuple(logp_new.shape)} vs old {tuple(logp_old.shape)}")
@@ -141,7 +141,7 @@ def hacpo_cross_term(
         c    = clamp(s, lower_m, 1)                        # asymmetric, stepwise lower bound
         term = c · stopgrad(c) ** alpha · omega[j, k] · A
 
-    A hard clamp, not a PPO min (HACPO_SPEC §6, Decision): outside [lower_m, 1] the term is
+    A hard clamp, not a PPO min (docs/spec.md §6, Decision): outside [lower_m, 1] the term is
     constant, so the response gives no gradient whatever the sign of A. Inside, its gradient is
     `stopgrad(c) ** (alpha + 1) · omega · A · ∇ log s` (Prop. D.6). `clip=False` uses c = s
     (hacpo_no_clip). ratio, advantages, omega_factor: [B]. Returns [B].

@@ -1,10 +1,10 @@
 """The loss of one learner's mini-batch: `hacpo_loss`, the single entry point the trainer calls.
 
 It applies the own-response term to the learner's own responses and the cross term to partners'
-responses, as its keyword switches say (HACPO_SPEC §6, §9; `AlgorithmConfig.loss_settings()` gives
+responses, as its keyword switches say (docs/spec.md §6, §9; `AlgorithmConfig.loss_settings()` gives
 them for a preset), so the trainer never asks which preset runs: GRPO, GSPO, naive, HACPO and every
 ablation go through the same call. Deliberately not here: forward passes, mini-batch ordering (own
-first, HACPO_SPEC §6) and the stepwise schedule of the cross lower bound: the caller passes the
+first, docs/spec.md §6) and the stepwise schedule of the cross lower bound: the caller passes the
 bound of this mini-batch as a plain number (`cross_lower`, from the clip-schedule callback).
 
 Given each response's reward, it also reports which responses the clip leaves without gradient,
@@ -34,7 +34,7 @@ from hacrl_lightning.algorithms.losses import (
 __all__ = ["ANSWERS", "CROSS_LOSSES", "METRIC_NAMES", "RATIO_LEVELS", "hacpo_loss"]
 
 ANSWERS = ("correct", "wrong")
-"""A response is correct when its reward is > 0 (HACPO_SPEC §2, as the accuracy counts it), else wrong."""
+"""A response is correct when its reward is > 0 (docs/spec.md §2, as the accuracy counts it), else wrong."""
 METRIC_NAMES = tuple(
     ["loss/policy", "loss/kl", "loss/total", "count/self", "count/cross", "clip/cross_lower", "omega/cross_mean"]
     + [f"ratio/{part}_{stat}" for part in ("self", "cross") for stat in ("mean", "min", "max")]

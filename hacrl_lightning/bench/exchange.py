@@ -1,4 +1,4 @@
-"""`bench.py exchange`: how partners' responses cross between two agents' tokenizers (HACPO_SPEC §8).
+"""`bench.py exchange`: how partners' responses cross between two agents' tokenizers (docs/spec.md §8).
 
     python scripts/bench.py exchange [--agents tiny_qwen3,tiny_llama32] [--synthetic 500] [--stress 200]
                                      [--json exchange.json]

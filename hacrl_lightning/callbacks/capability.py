@@ -1,7 +1,7 @@
 """Capability window callback: saves each agent's accuracy window in checkpoints and logs it.
 
 `train()` builds one `CapabilityWindow` and hands it to both the module (which feeds it each step's
-accuracy over the *global* batch, between scoring and advantages, HACPO_SPEC §7 step 4) and this
+accuracy over the *global* batch, between scoring and advantages, docs/spec.md §7 step 4) and this
 callback, which owns its persistence: it restores the window on resume and reports
 `{agent}/capability` once per step. The math lives in `hacrl_lightning.algorithms.capability`.
 """

@@ -4,7 +4,7 @@ The contract (`RolloutEngine`, `SamplingSettings`, `Generation`, `FinishReason`)
 backends are `hf.py` (transformers generate, CPU or GPU) and `vllm.py` (GPU, the optional [vllm]
 extra). `make_engine(backend, model, **options)` builds one by name and `engine_options(agent, ...)`
 gives an agent's options, so callers never import a backend. Deliberately not here: tokenizers,
-chat templates, rewards (engines speak token ids only, DESIGN §3).
+chat templates, rewards (engines speak token ids only, docs/engineering.md §13).
 """
 
 from __future__ import annotations

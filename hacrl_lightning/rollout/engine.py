@@ -1,7 +1,7 @@
 """The rollout engine contract: token ids in, sampled token ids + finish reasons + log-probs out.
 
 One engine serves one agent. Engines know nothing about tokenizers, chat templates, rewards or
-other agents (DESIGN §3): the caller encodes prompts with the agent's own chat template and
+other agents (docs/engineering.md §13): the caller encodes prompts with the agent's own chat template and
 decodes what comes back. `hacrl_lightning.rollout.make_engine` picks the backend by name, so the
 training loop never knows which one runs. Deliberately not here: the backends themselves (`hf.py`,
 `vllm.py`: this module imports neither) and weight export formats (each backend's own module).
@@ -22,7 +22,7 @@ FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
 @dataclass(frozen=True)
 class SamplingSettings:
     """What to sample. The defaults are plain sampling: no top-k, no nucleus (HF would otherwise
-    apply top_k=50, engineering.md §0.9). temperature == 0 means greedy."""
+    apply top_k=50, docs/engineering.md §7). temperature == 0 means greedy."""
 
     max_new_tokens: int
     n: int = 1

@@ -1,0 +1,160 @@
+"""The repo explains itself: every document that code, configs, tests and docs cite is a file of the repo.
+
+A reference is a path ending in `.md` (`docs/spec.md`, `training.md#diagnostics`), a markdown link
+`[text](target)`, or a section sign `§N` (`docs/spec.md §4`, `§6-7`, `§2, §9`). A path resolves
+against the citing file's folder, the repo's root or `docs/` (a bare file name, such as the
+`results.md` a comparison writes, may also name any file of the repo with that name); an `#anchor` must
+be a heading of the target (GitHub's slugs), and `§N` a numbered heading (`## N. ...`) of the nearest
+file named before it on the same line, else of the citing markdown file itself. A `§` in code with no
+file before it, and the names of documents kept outside the repo (`HACPO_SPEC`, `DESIGN §`), are errors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".cfg", ".txt"}
+SKIP_DIRS = {".git", ".venv", ".venv-vllm", "__pycache__", "build", "dist", "runs", "outputs", ".pytest_cache",
+             ".hypothesis", ".cache", "eval", "zoo_weights", "fixtures"}
+OUTSIDE = re.compile(r"HACPO_SPEC|\bDESIGN(?:\.md| ?§)|\bresearch/\w+\.md")
+"""Documents that are not in the repo (the project's own reference is docs/spec.md, docs/engineering.md)."""
+MD_PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.md)(#[\w-]+)?")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+SECTION = re.compile(r"§\s?(\d+(?:\.\d+)*)(?:\s?[-–]\s?(\d+))?")
+NUMBERED = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.M)
+
+
+def scanned_files(root: Path = REPO) -> list[Path]:
+    """Code, configs, tests and docs of the repo (this file aside: its docstring shows the patterns)."""
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+        for name in sorted(names):
+            path = Path(folder, name)
+            if (path.suffix in SUFFIXES or name == "Makefile") and path.resolve() != Path(__file__).resolve():
+                files.append(path)
+    return files
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@lru_cache(maxsize=None)
+def headings(path: Path) -> tuple[frozenset[str], frozenset[str]]:
+    """(anchors, section numbers) of a markdown file."""
+    text = path.read_text(errors="replace")
+    anchors, seen = set(), {}
+    for line in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, flags=re.M):
+        base = slug(line)
+        anchors.add(base if base not in seen else f"{base}-{seen[base]}")
+        seen[base] = seen.get(base, 0) + 1
+    return frozenset(anchors), frozenset(NUMBERED.findall(text))
+
+
+@lru_cache(maxsize=None)
+def _by_name(root: Path) -> dict[str, Path]:
+    return {p.name: p for p in scanned_files(root) if p.suffix == ".md"}
+
+
+def resolve(target: str, citing: Path, root: Path = REPO) -> Path | None:
+    """The file a referenced path names, or None."""
+    for base in (citing.parent, root, root / "docs"):
+        if (base / target).is_file():
+            return (base / target).resolve()
+    return _by_name(root).get(target) if "/" not in target else None
+
+
+def _check_target(target: Path | None, what: str, anchor: str, sections: list[str]) -> list[str]:
+    if target is None:
+        return [f"{what}: no such file in the repo"]
+    problems = []
+    anchors, numbers = headings(target)
+    if anchor and anchor not in anchors:
+        problems.append(f"{what}: no heading with the anchor #{anchor} in {target.name}")
+    problems += [f"{what}: {target.name} has no section {n} (a heading '## {n}. ...')" for n in sections
+                 if n not in numbers]
+    return problems
+
+
+def _sections(match: re.Match) -> list[str]:
+    first, last = match.group(1), match.group(2)
+    if last and first.isdigit():
+        return [str(n) for n in range(int(first), int(last) + 1)]
+    return [first]
+
+
+def line_problems(line: str, citing: Path, root: Path = REPO) -> list[str]:
+    """Every reference of one line that does not resolve, worded with what is missing."""
+    problems = [f"{m.group(0)!r}: a document outside the repo; cite docs/spec.md or docs/engineering.md"
+                for m in OUTSIDE.finditer(line)]
+    refs: list[tuple[int, Path | None]] = []  # (end position, target) of each file named on the line
+    for match in LINK.finditer(line) if citing.suffix == ".md" else ():
+        target = match.group(1)
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path_part, _, anchor = target.partition("#")
+        resolved = (root / citing.relative_to(root)).resolve() if not path_part else resolve(path_part, citing, root)
+        if path_part and not path_part.endswith(".md"):
+            problems += [] if resolved or (citing.parent / path_part).exists() else [f"{target!r}: no such path"]
+            continue
+        problems += _check_target(resolved, repr(target), anchor, [])
+        refs.append((match.end(), resolved))
+    for match in MD_PATH.finditer(line):
+        if any(match.start() >= start and match.end() <= end for start, end in
+               ((m.start(), m.end()) for m in LINK.finditer(line))) and citing.suffix == ".md":
+            continue  # a link's target, checked above
+        resolved = resolve(match.group(1), citing, root)
+        problems += _check_target(resolved, repr(match.group(0)), (match.group(2) or "#")[1:], [])
+        refs.append((match.end(), resolved))
+    for match in SECTION.finditer(line):
+        before = [target for end, target in refs if end <= match.start()]
+        if before:
+            target = before[-1]
+        elif citing.suffix == ".md":
+            target = citing.resolve()
+        else:
+            problems.append(f"{match.group(0)!r}: a section with no file; write docs/<file>.md {match.group(0)}")
+            continue
+        if target is not None:
+            problems += _check_target(target, repr(match.group(0)), "", _sections(match))
+    return problems
+
+
+def reference_problems(root: Path = REPO) -> list[str]:
+    problems = []
+    for path in scanned_files(root):
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            problems += [f"{path.relative_to(root)}:{number}: {p}" for p in line_problems(line, path, root)]
+    return problems
+
+
+def test_every_reference_resolves_to_a_file_and_section_of_the_repo():
+    problems = reference_problems()
+    assert not problems, f"{len(problems)} references that a clone cannot follow:\n" + "\n".join(problems)
+
+
+def test_the_reader_sees_each_kind_of_broken_reference(tmp_path):
+    """The checker itself, on a small tree whose good and bad references are known."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "spec.md").write_text("# Spec\n\n## 1. Setting\n\n## 4. Advantages (Eqs. 6-7)\n")
+    (tmp_path / "docs" / "guide.md").write_text("# Guide\n\nSee [the spec](spec.md#4-advantages-eqs-6-7), spec.md §4.\n"
+                                                "Below (§1) and [missing](spec.md#nope).\n\n## 1. One\n")
+    (tmp_path / "code.py").write_text('"""Eq. 7 (docs/spec.md §4, §1); bad: docs/spec.md §9, HACPO_SPEC §4, §2,\n'
+                                      'DESIGN §3, docs/gone.md, docs/spec.md#nope."""\n')
+    problems = reference_problems(tmp_path)
+    text = "\n".join(problems)
+    assert "guide.md:4: '[missing](spec.md#nope)'" not in text  # worded by its target, not its text
+    assert "docs/guide.md:4: 'spec.md#nope': no heading with the anchor #nope" in text
+    assert "code.py:1: '§9': spec.md has no section 9" in text
+    assert "code.py:1: 'HACPO_SPEC'" in text and "code.py:2: 'DESIGN §'" in text
+    assert "code.py:1: '§2': spec.md has no section 2" in text  # the nearest file before it on the line
+    assert "code.py:2: 'docs/gone.md': no such file in the repo" in text
+    assert "code.py:2: 'docs/spec.md#nope': no heading with the anchor #nope" in text
+    assert "code.py:2: '§3': a section with no file" in text
+    assert len(problems) == 8, text
