@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch that lies on this machine's disk; a plain `torch` would pull a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 # The vLLM lane: the project beside vLLM's CPU build (needs Python >= 3.11 and torch 2.13.0+cpu; it brings
-# transformers 5.19), where tests/test_vllm.py runs the real engine. About 2-4 min and 3.5 GB, once.
+# transformers 5.19), where tests/test_vllm*.py run the real engine. About 2-4 min and 3.5 GB, once.
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -44,7 +44,7 @@ test-main: $(STAMP)
 	$(PY) -m pytest -q --durations=15
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py
+	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm*.py
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py step --json bench.json

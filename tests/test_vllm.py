@@ -10,6 +10,7 @@ a platform it serves (the main environment).
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -135,8 +136,6 @@ def test_train_script_with_vllm_rollouts_matches_a_transformers_evaluation(tmp_p
     """`scripts/train.py rollout=vllm` on the default pair: engines in their own processes, synced after
     every step; the held-out accuracy the synced engines measured at the end equals the transformers
     backend's greedy accuracy of the exported agents on the same prompts."""
-    from hacrl_lightning.agents import Agent
-
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm", "trainer.steps=3",
                            "data.eval_size=32", "rollout.group_size=4", f"run_dir={run}", f"zoo_cache={zoo_cache}",
@@ -145,16 +144,72 @@ def test_train_script_with_vllm_rollouts_matches_a_transformers_evaluation(tmp_p
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 3
+    assert_engines_answered_as_their_exports(run, summary, zoo_cache, updates_per_step=4)  # n·P/mini = 2·8/4
+
+
+MISMATCH_FP32 = 1e-4
+"""|log p_engine - log p_trainer| per sampled token, fp32 engine and trainer: vLLM's kernels and torch's agree to
+~1e-6 (test_engine_answers_as_the_trainer_model holds them to 1e-5 on fresh weights); 1e-4 leaves room for
+another CPU and is 1e4 below what a shifted or stale log-prob reads (~1)."""
+
+
+def assert_engines_answered_as_their_exports(run: Path, summary: dict, zoo_cache, *, updates_per_step: int) -> None:
+    """Each agent: the update count of the step plan; the held-out accuracy its synced engine measured at
+    the end equals transformers' greedy accuracy of its export; the engine's sampled log-probs were the
+    trainer's, every step (`rollout_logp_diff`, fp32)."""
+    from hacrl_lightning.agents import Agent
+    from hacrl_lightning.rewards.exact_match import exact_match_reward
+
     examples = synthetic_examples(DataConfig(), "eval", 32)
     for name, row in summary["agents"].items():
-        assert row["optimizer_updates"] > 0
+        assert row["optimizer_updates"] == updates_per_step * summary["steps"], name
+        mismatch = row["rollout_logp_diff"]
+        assert mismatch is not None and mismatch["steps"] == summary["steps"], name
+        assert mismatch["max"] < MISMATCH_FP32, (name, mismatch)
         exported = Agent.load(name, _export_config(run / "exports" / name), zoo_cache=zoo_cache)
         answers = trainer_greedy(exported, exported.encode_prompts([ex.prompt for ex in examples]))
-        from hacrl_lightning.rewards.exact_match import exact_match_reward
-
         accuracy = sum(exact_match_reward(exported.decode_response(a), ex.gold)
                        for a, ex in zip(answers, examples)) / len(examples)
         assert accuracy == row["final"]["acc"], name
+
+
+def test_three_agents_with_three_engines_in_the_trainers_process(tmp_path, zoo_cache):
+    """Three agents, three vLLM engines living in the trainer's process (`rollout.vllm_in_process`: several
+    engines in one process, the case vLLM 0.33 changed): 2 steps complete with the step plan's update
+    counts, the engines' final answers are the exports' and their log-probs the trainer's."""
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm", "rollout.vllm_in_process=true",
+                           "agents=[tiny_a,tiny_b,tiny_c]", "trainer.steps=2", "data.eval_size=32",
+                           "rollout.group_size=4", f"run_dir={run}", f"zoo_cache={zoo_cache}",
+                           *[f"agents.{name}.gpu_memory_utilization=0.01" for name in ("tiny_a", "tiny_b", "tiny_c")]],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and list(summary["agents"]) == ["tiny_a", "tiny_b", "tiny_c"]
+    assert_engines_answered_as_their_exports(run, summary, zoo_cache, updates_per_step=6)  # n·P/mini = 3·8/4
+
+
+def test_paper_smoke_with_vllm_engines_on_each_of_two_ranks(tmp_path, zoo_cache):
+    """`experiment=paper_smoke rollout=vllm`: 2 gloo ranks under FSDP2, bf16 compute and bf16 engines (one per agent
+    and rank, each in its own process), the real Qwen3 and Llama 3.2 tokenizers, math-verify. One step
+    completes with the update count of the `rollout=hf` run (tests/test_paper_smoke.py: n·P/mini = 4 per step
+    with its SMALLER settings), and the mismatch of bf16 engines with the bf16 trainer is measured."""
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "scripts/train.py", "experiment=paper_smoke", "rollout=vllm",
+                           "data.prompts_per_step=2", "trainer.mini_batch_prompts=1", "trainer.steps=1",
+                           f"run_dir={run}", f"zoo_cache={zoo_cache}",
+                           "agents.tiny_qwen3.gpu_memory_utilization=0.01",
+                           "agents.tiny_llama32.gpu_memory_utilization=0.01"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 1
+    for name, row in summary["agents"].items():
+        assert row["optimizer_updates"] == 4, name
+        assert row["rollouts_generated"] == 2 * 2, name  # P · G, the global batch: each rank generated its share
+        mismatch = row["rollout_logp_diff"]
+        assert mismatch is not None and math.isfinite(mismatch["max"]), name
+        print(f"{name}: bf16 engine vs bf16 trainer |dlogp| mean {mismatch['mean']:.3g} max {mismatch['max']:.3g}")
 
 
 def _export_config(directory: Path):

@@ -72,6 +72,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--headline-repeats", type=int, default=2,
                         help="framework/bare process pairs, alternating, pooled for the headline (first) configuration")
     parser.add_argument("--json", default="bench.json", help="where to write the figures ('' for nowhere)")
+    parser.add_argument("--backend", default="hf", choices=["hf", "vllm"],
+                        help="rollout engine of both paths: transformers, or one vLLM engine per agent (CUDA or "
+                             "vLLM's CPU build), synced after every step in both")
 
 
 def _ints(text: str) -> list[int]:
@@ -88,13 +91,24 @@ def configurations(args) -> list[tuple[int, int]]:
 # -- both paths ------------------------------------------------------------------------------------
 
 
-def compose(agent_names: list[str], group: int, prompts: int, steps: int, run_dir: str):
+VLLM_SHARE = {"cpu": 0.01, "cuda": 0.15}
+"""Each agent's engine memory share in the benchmark: 1% of the machine's memory for a CPU engine's KV cache
+(~240 MB on 24 GB, far more than these batches need), 15% of the GPU's on CUDA (four agents fit)."""
+
+
+def compose(agent_names: list[str], group: int, prompts: int, steps: int, run_dir: str, backend: str = "hf"):
     from hacrl_lightning.cli import compose_config
 
+    engine = []
+    if backend == "vllm":
+        from hacrl_lightning.rollout.vllm import vllm_platform
+
+        share = VLLM_SHARE.get(vllm_platform() or "cpu")
+        engine = ["rollout=vllm", *[f"agents.{name}.gpu_memory_utilization={share}" for name in agent_names]]
     cfg, _ = compose_config([f"agents=[{','.join(agent_names)}]", "algorithm=hacpo", f"rollout.group_size={group}",
                              f"data.prompts_per_step={prompts}", f"trainer.mini_batch_prompts={min(4, prompts)}",
                              f"trainer.steps={steps}", "trainer.eval_every=0", "trainer.export_agents=false",
-                             f"run_dir={run_dir}"])
+                             f"run_dir={run_dir}", *engine])
     return cfg
 
 
@@ -166,7 +180,8 @@ def _weights_mb(agents) -> float:
 # -- (a) the framework -----------------------------------------------------------------------------
 
 
-def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int) -> dict:
+def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int,
+                  backend: str = "hf") -> dict:
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch import Callback
@@ -265,7 +280,7 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
             memory.mark("logging")
 
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = compose(agent_names, group, prompts, warmup + steps, run_dir)
+        cfg = compose(agent_names, group, prompts, warmup + steps, run_dir, backend)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         task = load_task(cfg.data)
         agents = load_agents(cfg, task)
@@ -294,20 +309,31 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
 # -- (b) the bare loop -----------------------------------------------------------------------------
 
 
-def run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int) -> dict:
-    """The same steps written plainly: no Lightning, no framework code inside a step."""
+def run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str = "hf") -> dict:
+    """The same steps written plainly: no Lightning, no framework code inside a step. With the vLLM backend,
+    the same engines as the framework's (`VLLMEngine`, built from the same exports) generate, and each is
+    synced after its agent's updates, as `WeightSyncCallback` does."""
+    with tempfile.TemporaryDirectory() as engine_dir:
+        return _run_bare(agent_names, group, prompts, steps, warmup, backend, Path(engine_dir))
+
+
+def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str,
+              engine_dir: Path) -> dict:
     import torch
     from transformers import GenerationConfig
 
     from hacrl_lightning.data.tasks import load_task
     from hacrl_lightning.datamodule import StepBatchSampler, step_seed
+    from hacrl_lightning.rollout import SamplingSettings, engine_options, make_engine
     from hacrl_lightning.training import load_agents
 
     memory = PhaseMemory()
-    with tempfile.TemporaryDirectory() as run_dir:
-        cfg = compose(agent_names, group, prompts, warmup + steps, run_dir)
+    cfg = compose(agent_names, group, prompts, warmup + steps, str(engine_dir / "run"), backend)
     torch.manual_seed(cfg.seed)
     loaded = load_agents(cfg)          # loading is not timed; a step touches only .model and .tokenizer
+    engines = {k: make_engine("vllm", a.model, **engine_options(a, "vllm", batch_size=0, seed=cfg.seed,
+                                                                export_to=engine_dir / k))
+               for k, a in loaded.items()} if backend == "vllm" else {}
     names = list(loaded)
     models = {k: a.model.eval() for k, a in loaded.items()}
     toks = {k: a.tokenizer for k, a in loaded.items()}
@@ -355,7 +381,12 @@ def run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmu
             length, chunk = acfg[k].max_response_len, max(1, cfg.rollout.generation_batch_size // G)
             torch.manual_seed(step_seed(cfg.seed, step, 1000 * j))
             sampled[k] = []
-            for c in range(0, prompts, chunk):
+            if engines:
+                settings = SamplingSettings(max_new_tokens=length, n=G, temperature=acfg[k].temperature,
+                                            top_p=acfg[k].top_p, top_k=acfg[k].top_k, min_new_tokens=length,
+                                            seed=step_seed(cfg.seed, step, 1000 * j), return_logprobs=False)
+                sampled[k] = [g.token_ids for g in engines[k].generate(prompts_of[k], settings)]
+            for c in range(0, prompts, chunk) if not engines else ():
                 batch = prompts_of[k][c : c + chunk]
                 width = max(map(len, batch))
                 ids = torch.tensor([[pad[k]] * (width - len(b)) + b for b in batch])
@@ -433,8 +464,12 @@ def run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmu
                 torch.nn.utils.clip_grad_norm_(models[k].parameters(), acfg[k].grad_clip or math.inf)
                 opts[k].step()
         t5 = time.perf_counter()
+        memory.mark("weight_sync")
+        for k, engine in engines.items():  # the engines answer with the updated weights next step
+            engine.sync_weights(models[k])
+        t6 = time.perf_counter()
         row.update(rollout=t1 - t0, reward=t2 - t1, exchange=t3 - t2, old_logprobs=t4 - t3, update=t5 - t4,
-                   step_s=t5 - t0, cpu_s=time.process_time() - cpu0)
+                   weight_sync=t6 - t5, step_s=t6 - t0, cpu_s=time.process_time() - cpu0)
         out.append(dict(row))
     peaks = memory.close()
     return {"path": "bare", "steps": out[warmup:], "warmup_steps": out[:warmup], "peak_rss_mb": peaks,
@@ -460,7 +495,8 @@ def summarise(framework: dict, bare: dict, n: int, G: int, prompts: int) -> dict
         "framework_over_bare": f_cpu / b_cpu, "framework_over_bare_wall": f_step / b_step,
         "phase_s": phases, "phase_share": {p: s / total for p, s in phases.items()},
         "reward_plus_exchange_share": (phases["reward"] + phases["exchange"]) / total,
-        "bare_phase_s": {p: _median(b_rows, p) for p in ("rollout", "reward", "exchange", "old_logprobs", "update")},
+        "bare_phase_s": {p: _median(b_rows, p) for p in ("rollout", "reward", "exchange", "old_logprobs", "update",
+                                                          "weight_sync")},
         "rollout_tokens": _median(f_rows, "rollout_tokens"), "bare_rollout_tokens": _median(b_rows, "rollout_tokens"),
         "trained_tokens": _median(f_rows, "trained_tokens"), "bare_trained_tokens": _median(b_rows, "trained_tokens"),
         "rollout_tokens_per_s": _median(f_rows, "rollout_tokens") / phases["rollout"],
@@ -478,12 +514,12 @@ def summarise(framework: dict, bare: dict, n: int, G: int, prompts: int) -> dict
     }
 
 
-def _job(path: str, names: list[str], group: int, prompts: int, steps: int, warmup: int) -> dict:
+def _job(path: str, names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str) -> dict:
     import warnings
 
     warnings.filterwarnings("ignore")
     run = run_framework if path == "framework" else run_bare
-    return run(names, group, prompts, steps, warmup)
+    return run(names, group, prompts, steps, warmup, backend)
 
 
 def _pool(before: dict | None, run: dict) -> dict:
@@ -511,7 +547,8 @@ def run(args) -> dict:
         for _ in range(max(1, args.headline_repeats) if index == 0 else 1):
             for path in ("framework", "bare"):
                 with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-                    done = pool.submit(_job, path, agents[:n], G, args.prompts, args.steps, args.warmup).result()
+                    done = pool.submit(_job, path, agents[:n], G, args.prompts, args.steps, args.warmup,
+                                       args.backend).result()
                 paths[path] = _pool(paths.get(path), done)
         results.append(summarise(paths["framework"], paths["bare"], n, G, args.prompts))
         print(f"  n={n} G={G}: framework {results[-1]['framework_step_s']:.3f} s/step, "
@@ -525,6 +562,7 @@ def run(args) -> dict:
         "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
         "wall_s": time.perf_counter() - started,
         "headline": {"n": head["n"], "G": head["G"]},
+        "backend": args.backend,
         "framework_over_bare": head["framework_over_bare"],
         "framework_over_bare_wall": head["framework_over_bare_wall"],
         "phase_share": head["phase_share"],
