@@ -8,9 +8,13 @@ on PyTorch Lightning.
 The names below are loaded on first use (PEP 562 `__getattr__`), so importing this package, or a
 light module such as `hacrl_lightning.config`, imports neither torch, Lightning nor Hydra. The
 modules: `config` (typed configs, value checks), `errors`, `presets` (algorithms by name),
-`preflight` (name, file and tokenizer checks), `cli` (Hydra composition, the only module that
-imports Hydra), `agents`, `rollout`, `rewards`, `data`, `algorithms` (pure tensor functions),
-`module`, `datamodule`, `callbacks`, `training`, `evaluation`, `strategies`, `experiments`, `bench`.
+`preflight` (name, file and tokenizer checks), `hub` (the model hub as this machine sees it),
+`cli` (Hydra composition, the only module that imports Hydra), `entry` (the console scripts),
+`agents`, `rollout`, `rewards`, `data`, `algorithms` (pure tensor functions), `plan` (a step's global
+plan of mini-batches), `memory` (the per-GPU memory plan of a run), `loss_stats` (loss metrics reduced
+over micro-batches and ranks), `module`, `datamodule`, `callbacks`, `strategies`, `training` (one run,
+config to summary), `run_dir` (claiming a run directory), `resume` (what a resume may change),
+`console` (a quiet console), `evaluation`, `experiments` (comparisons over seeds), `bench` (benchmarks).
 Deliberately not here: any code but this table of names.
 """
 

@@ -77,6 +77,8 @@ class AlgorithmConfig:
     each preset is also a file in `configs/algorithm/`. The defaults are the paper's HACPO."""
 
     name: str = "hacpo"
+    """The preset this section was loaded from (chosen with `algorithm=<name>`, which loads its values;
+    setting `algorithm.name=` directly is refused). Logged and shown; the trainer never branches on it."""
     share_rollouts: bool = True
     """True: every learner trains on every agent's responses (HACPO, naive). False: agents train
     side by side on their own responses only (grpo, gspo, gspo_x2)."""
@@ -85,12 +87,21 @@ class AlgorithmConfig:
     capability_baseline: bool = True
     """Weight partners' rewards by omega in the joint baseline (False: omega ≡ 1, `hacpo_no_adv`, `naive`)."""
     scale_by_std: bool = True
+    """Divide the centred rewards by the std (+ 1e-6): the joint group's for `hacpo`, the own group's for
+    `group` (docs/spec.md §4). False keeps only the centring (Dr. GRPO's choice)."""
     baseline_guard: bool = True
+    """`hacpo` advantage: where the capability-weighted baseline mu[k, p] exceeds 1 (the top of the reward
+    range) use the learner's own-group mean instead (the authors' code; docs/spec.md §4)."""
     ratio_level: str = "sequence"
     """`sequence` (GSPO-style length-normalised ratio) or `token` (GRPO)."""
     clip_low: float = 3e-4
+    """Own-response ratio clip below: the range starts at 1 - clip_low (GSPO 3e-4, GRPO 0.2)."""
     clip_high: float = 4e-4
-    """Own-response ratio clip range [1 - clip_low, 1 + clip_high]."""
+    """Own-response ratio clip range [1 - clip_low, 1 + clip_high] (GSPO 4e-4, GRPO/DAPO's clip-higher 0.28)."""
+    dual_clip_c: Optional[float] = 3.0
+    """Dual-clip of token-level ratios (verl's `clip_ratio_c`, default 3): where A < 0 and r > c the
+    token's term is held at c·A, with no gradient. Applies to `ratio_level: token` (GRPO) only, as in
+    verl, whose GSPO loss has none: sequence-level presets ignore it. 0 or null switches it off; else > 1."""
     cross_loss: str = "hacpo"
     """`hacpo` (Eqs. 12-14: asymmetric stepwise clamp, exponent alpha, omega factor) or `self`
     (the own-response clipped term applied to cross responses, `naive`)."""
@@ -108,9 +119,14 @@ class AlgorithmConfig:
     """Responses per prompt are G * rollout_multiplier and mini-batches hold 1/rollout_multiplier
     of the prompts (gspo_x2 uses 2)."""
     loss_agg_mode: str = "seq-mean-token-mean"
+    """How `aggregate_loss` reduces per-token terms to a mini-batch loss, verl's names: `token-mean`
+    (GRPO), `seq-mean-token-mean` (the paper's: the mean over sequences of each one's term),
+    `seq-mean-token-sum`, `seq-mean-token-sum-norm` (Dr. GRPO, normalised by the agent's max response length)."""
     kl_coef: float = 0.0
     """β of the KL penalty to a frozen reference (0 loads no reference model)."""
     kl_estimator: str = "k3"
+    """Per-token KL estimate to the reference when kl_coef > 0: `k1` (log p - log p_ref), `k2` (its square / 2)
+    or `k3` (verl's low-variance `low_var_kl`, the authors' choice; `algorithms.kl_penalty`)."""
     rollout_is_cap: float = 0.0
     """Truncated importance sampling of the rollout engine's mismatch (verl's `tis_imp_ratio_cap`, TRL's
     vLLM importance-sampling correction): each own response token's policy term is weighted by
@@ -120,9 +136,14 @@ class AlgorithmConfig:
     capability_window: int = 5
     """K: steps in the capability moving average (docs/spec.md §2)."""
     capability_floor: float = 1e-8
+    """Lowest capability estimate: an agent with no correct response in the window gets this, so the
+    ratios cap_k / cap_j stay finite (docs/spec.md §2)."""
     capability_warmup_steps: int = 0
+    """omega is all ones while the window has seen at most this many steps (0: only before the first)."""
     omega_min: float = 0.1
+    """Lower clamp of every capability ratio omega[k, j] (the authors' code; docs/spec.md §3)."""
     omega_max: float = 10.0
+    """Upper clamp of every capability ratio omega[k, j] (docs/spec.md §3)."""
     cross_samples_per_prompt: Any = "all"
     """`all` (the paper) or a positive int: partner responses per prompt a learner trains on,
     drawn uniformly with a seeded generator, so cost per learner need not grow with n."""

@@ -1,8 +1,10 @@
 """HACRLModule: N agents, one optimizer each, manual optimization, one HACPO step per prompt batch.
 
-`training_step` reads top to bottom as Algorithm 1 of the paper (docs/spec.md §7), on the `StepBatch`
-the DataModule hands over (rollouts from every agent's current weights, one reward per response, each
-learner's token view): the capability window and omega, each source's old log-probs (one forward pass
+`training_step` reads top to bottom as Algorithm 1 of the paper (docs/spec.md §7). Lightning hands it
+only the step's prompt batch; the module fetches the step itself by calling the DataModule's
+`rollout(batch, step=...)` through `self.trainer.datamodule`, which returns a `StepBatch` (rollouts from
+every agent's current weights, one reward per response, each learner's token view). Then: the
+capability window and omega, each source's old log-probs (one forward pass
 over its own responses, shared by every learner), then for each learner its advantages and its
 mini-batches ordered own-first, each with the cross-ratio lower bound the clip-schedule callback gives
 for its index m. Under data parallelism every rank holds the whole step and builds the same global

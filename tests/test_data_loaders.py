@@ -191,3 +191,80 @@ def test_an_unreachable_hub_dataset_says_how_to_use_a_local_file():
     message = str(info.value)
     assert "hacrl-lightning-tests/no-such-dataset" in message
     assert "files.gsm8k=" in message and "data.train_files" in message
+
+
+# --- repeated prompts, non-finite ground truths, a byte-order mark ---------------------------------
+
+
+def test_a_repeated_prompt_with_the_same_answer_is_dropped_and_counted(tmp_path, capsys):
+    path = tmp_path / "repeats.jsonl"
+    rows = [*fx.MATH500_ROWS, fx.MATH500_ROWS[0], fx.MATH500_ROWS[2]]  # rows 4 and 5 repeat rows 1 and 3
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset = load_benchmark("math500", [path])
+    assert [ex.gold for ex in dataset] == fx.MATH500_GOLD  # each prompt once, the first row of each kept
+    assert len({ex.prompt_id for ex in dataset}) == len(dataset) == 3
+    assert ("data math500: dropped 2 repeated prompt(s) with the same ground truth, the first row of each kept "
+            "(repeats.jsonl row 4 = repeats.jsonl row 1, repeats.jsonl row 5 = repeats.jsonl row 3); "
+            "3 distinct prompts remain") in capsys.readouterr().err
+    again = load_benchmark("math500", [FIXTURES / "math500.jsonl", FIXTURES / "math500.parquet"])  # a file twice
+    assert list(again) == list(load_benchmark("math500", [FIXTURES / "math500.jsonl"]))
+    assert "dropped 3 repeated prompt(s)" in capsys.readouterr().err
+
+
+def test_a_repeated_prompt_with_another_answer_is_refused(tmp_path):
+    path = tmp_path / "conflict.jsonl"
+    rows = [*fx.MATH500_ROWS, {**fx.MATH500_ROWS[1], "answer": "7"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataFormatError) as info:
+        load_benchmark("math500", [path])
+    assert info.value.row == 4
+    assert str(info.value) == (f"{path}, row 4: repeats the prompt of {path}, row 2, with another ground truth ('7' "
+                               "here, '6' there). Fix: keep the row with the right answer and delete the other "
+                               "(a prompt has one answer)")
+
+
+@pytest.mark.parametrize("truth,shown", [(float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf"),
+                                         ("NaN", "'NaN'"), ("inf", "'inf'")])
+@pytest.mark.parametrize("layout", ["verl", "own"])
+def test_a_non_finite_ground_truth_is_refused_naming_file_row_and_value(tmp_path, truth, shown, layout):
+    good = fx.VERL_ROWS[0] if layout == "verl" else fx.MATH500_ROWS[0]
+    bad = {**good, "reward_model": {"style": "rule", "ground_truth": truth}} if layout == "verl" else \
+        {**fx.MATH500_ROWS[1], "answer": truth}
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")  # json writes NaN / Infinity for floats
+    column = "reward_model.ground_truth" if layout == "verl" else "answer"
+    with pytest.raises(DataFormatError) as info:
+        load_benchmark("math500", [path])
+    assert (info.value.row, info.value.column) == (2, column)
+    assert str(info.value).startswith(f"{path}, row 2, column {column!r}: the ground truth is {shown}, not an answer")
+    assert "an infinite one as \\infty" in str(info.value)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path, suffix):
+    rows = fx.MATH500_ROWS
+    text = "".join(json.dumps(r) + "\n" for r in rows) if suffix == ".jsonl" else json.dumps(rows)
+    path = tmp_path / f"bom{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))  # as Windows editors save UTF-8
+    assert [ex.gold for ex in load_benchmark("math500", [path])] == fx.MATH500_GOLD
+    assert list(load_benchmark("math500", [path])) == list(load_benchmark("math500", [FIXTURES / "math500.jsonl"]))
+
+
+def test_a_dataset_refuses_a_repeated_prompt_id():
+    from hacrl_lightning.data.records import PromptDataset
+
+    examples = list(load_benchmark("math500", [FIXTURES / "math500.jsonl"]))
+    with pytest.raises(ValueError, match=r"mine: prompt id 'math500-[0-9a-f]{12}' is at positions 0 and 3; a dataset "
+                                         r"holds each prompt once"):
+        PromptDataset([*examples, examples[0]], name="mine")
+
+
+def test_a_hub_split_keeps_the_first_of_a_repeated_prompt_and_says_so():
+    from hacrl_lightning.data.benchmarks import distinct_examples
+
+    examples = list(load_benchmark("math500", [FIXTURES / "math500.jsonl"]))
+    rows = [("hub", i, ex) for i, ex in enumerate([*examples, examples[1]._replace(gold="7"), examples[0]], start=1)]
+    said = []
+    assert distinct_examples(rows, name="math500", files=False, report=said.append) == examples  # no error
+    assert said == ["data math500: dropped 2 repeated prompt(s), the first row of each kept (row 4 = row 2, its ground "
+                    "truth '7' dropped for '6', row 5 = row 1); 3 distinct prompts remain"]

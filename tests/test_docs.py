@@ -11,6 +11,7 @@ file before it, and the names of documents kept outside the repo (`HACPO_SPEC`, 
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from functools import lru_cache
@@ -158,3 +159,37 @@ def test_the_reader_sees_each_kind_of_broken_reference(tmp_path):
     assert "code.py:2: 'docs/spec.md#nope': no heading with the anchor #nope" in text
     assert "code.py:2: '§3': a section with no file" in text
     assert len(problems) == 8, text
+
+
+# ---- docstrings that say what the code has
+
+
+def _module_docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def test_the_package_docstring_names_every_module():
+    package = REPO / "hacrl_lightning"
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.parent.name for p in package.glob("*/__init__.py")}
+    named = set(re.findall(r"`(\w+)`", _module_docstring(package / "__init__.py")))
+    assert not modules - named, f"hacrl_lightning/__init__.py's docstring does not name {sorted(modules - named)}"
+
+
+def test_the_callbacks_docstring_names_every_callback():
+    folder = REPO / "hacrl_lightning" / "callbacks"
+    classes = {node.name for path in folder.glob("*.py") for node in ast.parse(path.read_text()).body
+               if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("Callback") for b in node.bases)}
+    named = set(re.findall(r"`(\w+)`", _module_docstring(folder / "__init__.py")))
+    assert len(classes) >= 9 and not classes - named, f"callbacks/__init__.py does not name {sorted(classes - named)}"
+
+
+def test_every_algorithm_setting_has_a_docstring():
+    """Each field of `AlgorithmConfig` is followed by its docstring (what it does, its values)."""
+    tree = ast.parse((REPO / "hacrl_lightning" / "config.py").read_text())
+    body = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "AlgorithmConfig").body
+    fields = [(i, node.target.id) for i, node in enumerate(body) if isinstance(node, ast.AnnAssign)]
+    bare = [name for i, name in fields if not (i + 1 < len(body) and isinstance(body[i + 1], ast.Expr)
+                                               and isinstance(body[i + 1].value, ast.Constant)
+                                               and isinstance(body[i + 1].value.value, str))]
+    assert len(fields) >= 25 and not bare, f"AlgorithmConfig fields without a docstring: {bare}"

@@ -1,4 +1,6 @@
-"""Benchmarks that print figures, never asserted by tests; `scripts/bench.py` is their command line.
+"""Benchmarks that print figures; `scripts/bench.py` is their command line. Their timings are never
+asserted; `tests/test_bench.py` runs `bench.py step` in a tiny mode and asserts that its figures exist,
+are positive, and that the framework and bare paths do the same work (equal token counts).
 
 One module per subcommand, each with `add_arguments(parser)`, `run(args) -> dict` (the figures, also
 written as JSON) and `print_report(result)`: `step` (framework HACPO steps against a bare PyTorch

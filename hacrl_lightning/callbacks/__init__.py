@@ -1,8 +1,24 @@
-"""The Lightning callbacks of a run: capability window, stepwise clip schedule, weight sync to the
-engines, held-out evaluation, checkpoints and step timing.
+"""The Lightning callbacks of a run, nine of them, each owning one concern at its hooks:
 
-Each callback only reads and writes the module's state at the right hook; the math lives in
-`hacrl_lightning.algorithms`. Deliberately not here: building the callback list of a run
+- `CapabilityCallback` (`capability.py`): the capability window's state, updated once per step over the
+  global batch and saved in checkpoints;
+- `StepwiseClipCallback` (`clip_schedule.py`): the cross-ratio lower bound of each mini-batch (Eq. 14);
+- `WeightSyncCallback` (`weight_sync.py`): pushes every agent's new weights to its rollout engine (the
+  DataModule's engines);
+- `HeldOutEvalCallback` (`evaluation.py`): greedy held-out accuracy through the DataModule's `evaluate`;
+- `StepCheckpoint` (`checkpoint.py`): writes checkpoints to disk (on a schedule, at the end, after a
+  signal) and checks the free space first;
+- `StepTimer` (`timing.py`): the run's clocks (training-step wall time apart from evaluation, the run's
+  whole wall time across resumed sessions), checkpointed;
+- `StopOnSignal` (`interrupt.py`): turns SIGINT/SIGTERM/SIGHUP into a stop after the current step,
+  agreed by every rank;
+- `PlainProgress` (`progress.py`): a progress line per step on stdout when it is not a terminal;
+- `ConfigHParams` (`hparams.py`): the resolved config as TensorBoard hparams.
+
+So callbacks reach beyond the module: the engines, the DataModule, the disk, stdout, the loggers and
+the process's signal handlers. Metrics they log go through the module's `report` (`ConfigHParams`
+writes its summary to the loggers itself); the math lives in
+`hacrl_lightning.algorithms`. Deliberately not here: building the callback list of a run and its order
 (`hacrl_lightning.training`).
 """
 

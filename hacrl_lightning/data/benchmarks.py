@@ -7,8 +7,11 @@ after `####`; OlympiadBench: the first entry of `final_answer`). `load_benchmark
 reads it with `datasets` from the hub (or the local HF cache), or from local `.jsonl` / `.json` /
 `.parquet` files in either the benchmark's own column layout or verl's schema (`prompt` as chat
 messages, `reward_model.ground_truth`, `data_source`), detected per file, so data preprocessed for
-verl loads unchanged. A malformed file raises `DataFormatError` naming the file, the row, the
-column and the fix.
+verl loads unchanged (a UTF-8 byte-order mark at the start of a `.json`/`.jsonl` file is read past). A
+malformed file raises `DataFormatError` naming the file, the row, the column and the fix; so does a
+ground truth that is not a finite answer (`NaN`, `inf`: a missing value or an overflow). A prompt that
+repeats an earlier one (in any of the files) is dropped, the first row kept and the count printed, when
+both give the same ground truth, and refused when they do not (`distinct_examples`).
 
 Every question is wrapped in one prompt template (`PROMPT_TEMPLATE`: reason step by step, final
 answer in `\\boxed{}`); each agent later puts that text into its own chat template. verl rows are
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -131,7 +136,7 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
         yield from enumerate(_parquet_records(path), start=1)
     elif path.suffix == ".json":
         try:
-            records = json.loads(path.read_text(encoding="utf-8"))
+            records = json.loads(path.read_text(encoding="utf-8-sig"))  # -sig: a byte-order mark is read past
         except json.JSONDecodeError as err:
             raise DataFormatError(path, f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})",
                                   "a .json file must hold one list of objects; use .jsonl for one object a line",
@@ -142,7 +147,7 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
         for row, record in enumerate(records, start=1):
             yield row, _as_record(path, row, record)
     else:
-        with path.open(encoding="utf-8") as handle:
+        with path.open(encoding="utf-8-sig") as handle:
             for row, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -210,8 +215,26 @@ def _bounded(path, row: int, column: str, text: str) -> str:
     return text
 
 
+NON_FINITE = frozenset({"nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
+"""Ground truths refused as not an answer (lower case): how a missing value or an overflow is written."""
+
+
+def _finite_gold(path, row: int, column: str, value: Any, gold: str) -> str:
+    """`gold`, unless it is NaN or an infinity (a float, or text such as 'nan'): then DataFormatError."""
+    if (isinstance(value, float) and not math.isfinite(value)) or gold.strip().lower() in NON_FINITE:
+        raise DataFormatError(path, f"the ground truth is {value!r}, not an answer (a missing value or an overflow "
+                              "written as a number)", f"write row {row}'s answer (an infinite one as \\infty), or drop "
+                              "the row", row=row, column=column)
+    return gold
+
+
 def gold_answer(spec: Benchmark, value: Any, *, path="<hub>", row: int = 0) -> str:
-    """The gold answer of one row from its answer column, as `spec.answer_kind` says."""
+    """The gold answer of one row from its answer column, as `spec.answer_kind` says (NaN or an infinity
+    is refused)."""
+    return _finite_gold(path, row, spec.answer, value, _gold_text(spec, value, path=path, row=row))
+
+
+def _gold_text(spec: Benchmark, value: Any, *, path, row: int) -> str:
     column = spec.answer
     if spec.answer_kind == "first":
         if isinstance(value, (list, tuple)) and value:
@@ -269,14 +292,21 @@ def verl_example(record: dict[str, Any], *, path, row: int, default_source: str)
         raise DataFormatError(path, f"'reward_model' is {str(reward_model)[:60]!r} without a 'ground_truth'",
                               "write reward_model as {\"style\": \"rule\", \"ground_truth\": \"<answer>\"}",
                               row=row, column="reward_model.ground_truth")
-    gold = _text(path, row, "reward_model.ground_truth", reward_model["ground_truth"], numbers=True)
+    truth = reward_model["ground_truth"]
+    gold = _finite_gold(path, row, "reward_model.ground_truth", truth,
+                        _text(path, row, "reward_model.ground_truth", truth, numbers=True))
     source = record.get("data_source") or default_source
     return make_example(str(source).replace("/", "_"), prompt, gold)
 
 
 def examples_from_file(spec: Benchmark, path: str | os.PathLike) -> list[Example]:
     """Every row of a local file in `spec`'s own layout or verl's schema (decided by the first row)."""
-    examples: list[Example] = []
+    return [example for _, example in _numbered_examples(spec, path)]
+
+
+def _numbered_examples(spec: Benchmark, path: str | os.PathLike) -> list[tuple[int, Example]]:
+    """(row number, Example) of every row of a local file (`examples_from_file`)."""
+    examples: list[tuple[int, Example]] = []
     verl = None
     for row, record in read_rows(path):
         if verl is None:
@@ -284,12 +314,42 @@ def examples_from_file(spec: Benchmark, path: str | os.PathLike) -> list[Example
         if verl:
             for column in ("prompt", "reward_model"):
                 _column(path, row, record, column, "verl's")
-            examples.append(verl_example(record, path=path, row=row, default_source=spec.name))
+            examples.append((row, verl_example(record, path=path, row=row, default_source=spec.name)))
         else:
-            examples.append(benchmark_example(spec, record, path=path, row=row))
+            examples.append((row, benchmark_example(spec, record, path=path, row=row)))
     if not examples:
         raise DataFormatError(path, "holds no rows", "give a file with at least one problem")
     return examples
+
+
+def distinct_examples(rows: Sequence[tuple[str, int, Example]], *, name: str, files: bool = True,
+                      report=lambda line: print(line, file=sys.stderr)) -> list[Example]:
+    """The examples of `rows` (file, row number, Example) with each prompt id once. A prompt that repeats an
+    earlier one with the same ground truth is dropped (the first row kept) and `report`ed with a count; one
+    with another ground truth raises DataFormatError naming both rows and both answers (`files`: the user's
+    own files; a hub dataset, which the user cannot edit, keeps the first and reports the other answer)."""
+    first: dict[str, tuple[str, int, Example]] = {}
+    dropped: list[str] = []
+    for path, row, example in rows:
+        if example.prompt_id not in first:
+            first[example.prompt_id] = (path, row, example)
+            continue
+        seen = first[example.prompt_id]
+        if seen[2].gold != example.gold and not files:
+            dropped.append(f"row {row} = row {seen[1]}, its ground truth {example.gold!r} dropped for {seen[2].gold!r}")
+            continue
+        if seen[2].gold != example.gold:
+            raise DataFormatError(path, f"repeats the prompt of {seen[0]}, row {seen[1]}, with another ground truth "
+                                  f"({example.gold!r} here, {seen[2].gold!r} there)", "keep the row with the right "
+                                  "answer and delete the other (a prompt has one answer)", row=row)
+        dropped.append(f"{Path(path).name} row {row} = {Path(seen[0]).name} row {seen[1]}" if files else
+                       f"row {row} = row {seen[1]}")
+    if dropped:
+        listed = ", ".join(dropped[:5]) + (f", ... ({len(dropped) - 5} more)" if len(dropped) > 5 else "")
+        same = " with the same ground truth" if files else ""
+        report(f"data {name}: dropped {len(dropped)} repeated prompt(s){same}, the first row of each kept ({listed}); "
+               f"{len(first)} distinct prompts remain")
+    return [example for _, _, example in first.values()]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -321,7 +381,8 @@ def examples_from_hub(spec: Benchmark) -> list[Example]:
                                  f"split {spec.split!r}): {type(err).__name__}: {str(err).splitlines()[0][:300]}. "
                                  f"Fix: {fix}") from None
     where = f"{spec.hub_id} ({spec.split})"
-    return [benchmark_example(spec, record, path=where, row=row) for row, record in enumerate(rows, start=1)]
+    return distinct_examples([(where, row, benchmark_example(spec, record, path=where, row=row))
+                              for row, record in enumerate(rows, start=1)], name=spec.name, files=False)
 
 
 def load_benchmark(name: str, files: Sequence[str | os.PathLike] = (), *, limit: int | None = None) -> PromptDataset:
@@ -337,7 +398,8 @@ def load_benchmark(name: str, files: Sequence[str | os.PathLike] = (), *, limit:
                              f"Fix: drop files.{name}")
         examples = synthetic_examples(DataConfig(), "eval")
     elif files:
-        examples = [ex for path in files for ex in examples_from_file(spec, path)]
+        examples = distinct_examples([(str(path), row, ex) for path in files
+                                      for row, ex in _numbered_examples(spec, path)], name=name)
     else:
         examples = examples_from_hub(spec)
     return PromptDataset(examples[:limit] if limit else examples, name=name)

@@ -1,8 +1,11 @@
 """Task records shared by every task: one `Example` per prompt, and a sized map-style dataset of them.
 
 An `Example` is tokenizer-neutral: the question text (each agent wraps it in its own chat
-template) and the gold answer a reward function checks. Deliberately not here: how a task makes
-its examples (see `synthetic.py` and later loaders) and how they are batched (the DataModule).
+template) and the gold answer a reward function checks. A dataset holds each prompt id once (the
+step sampler draws distinct prompts, and the exchange keys responses by prompt id): a repeated id is
+refused (files are deduplicated where they are read, `benchmarks.distinct_examples`). Deliberately
+not here: how a task makes its examples (see `synthetic.py` and later loaders) and how they are
+batched (the DataModule).
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ class PromptDataset(Dataset):
     def __init__(self, examples: Sequence[Example], *, name: str = "prompts"):
         self.examples = list(examples)
         self.name = name
+        first: dict[str, int] = {}
+        for index, example in enumerate(self.examples):
+            if first.setdefault(example.prompt_id, index) != index:
+                raise ValueError(f"{name}: prompt id {example.prompt_id!r} is at positions {first[example.prompt_id]} "
+                                 f"and {index}; a dataset holds each prompt once (the step sampler draws distinct "
+                                 "prompts, the exchange keys responses by prompt id). Fix: drop the repeated example")
 
     def __len__(self) -> int:
         return len(self.examples)
