@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 
 from hacrl_lightning.rewards import math_verify_reward
-from hacrl_lightning.rewards.math_verify import MAX_ANSWER_CHARS, MAX_NESTING, guard_problem
+from hacrl_lightning.rewards.math_verify import (
+    MAX_ANSWER_CHARS, MAX_ARGUMENT_NESTING, MAX_BOXED_SPAN, MAX_NESTING, boxed_answer, guard_problem,
+)
 
 HOSTILE = {  # answer in the box -> the limit that refuses it
     "power_tower": ("9^{9^{9^9}}", "MAX_POWER_DIGITS"),
@@ -73,3 +75,44 @@ def test_the_limits_sit_just_past_what_they_allow():
     assert guard_problem("x^{100000}") is None and "MAX_POWER_DIGITS" in guard_problem("x^{100001}")
     assert guard_problem("10000!") is None and "MAX_FACTORIAL" in guard_problem("10001!")
     assert guard_problem("[0,1) \\cup [2,3) \\cup [4,5) \\cup [6,7)") is None  # open intervals leave `[` unmatched
+    assert guard_problem("\\sqrt{" * MAX_ARGUMENT_NESTING + "2" + "}" * MAX_ARGUMENT_NESTING) is None
+    deeper = "\\sqrt{" * (MAX_ARGUMENT_NESTING + 1) + "2" + "}" * (MAX_ARGUMENT_NESTING + 1)
+    assert "MAX_ARGUMENT_NESTING" in guard_problem(deeper)
+    assert "MAX_NESTING" in guard_problem("\\frac{1}{" + "{" * (MAX_NESTING + 1) + "2" + "}" * (MAX_NESTING + 2))
+
+
+# small real answers the first guards refused: estimates now evaluate small exponents and factorials
+SMALL = {
+    "fermat_number": "2^{2^{6}}+1",  # 20 digits (was estimated at a million)
+    "factorial_exponent": "2^{3!}",
+    "symbolic_factorial_exponent": "(-1)^{n!}",
+    "factorial_of_power": "(2^{3})!",
+    "large_power_of_two": "2^{300000}",  # 90,309 digits: log10(2) x 300000
+    "continued_fraction_depth_9": "1+\\cfrac{1}{" * 9 + "1" + "}" * 9,
+    "nested_root_depth_9": "\\sqrt{2+" * 9 + "2" + "}" * 9,
+    "dfrac_matrix_8x8": "\\begin{pmatrix} " + " \\\\ ".join(
+        " & ".join(f"-\\dfrac{{{i}}}{{{j + 10}}}" for j in range(8)) for i in range(1, 9)) + " \\end{pmatrix}",
+    "symbolic_power_for_the_pool": "(x+1)^{99999}",  # passes: the pool's timeout is its guard
+}
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_small_real_answers_pass_the_guards(name):
+    assert guard_problem(SMALL[name]) is None
+
+
+def test_what_the_tighter_estimates_still_refuse():
+    assert "MAX_POWER_DIGITS" in guard_problem("2^{400000}")  # 120,412 digits
+    assert "MAX_POWER_DIGITS" in guard_problem("2^{100!}")
+    assert "double superscript" in guard_problem("2^3^2")  # LaTeX rejects it; a tower or (2^3)^2?
+    assert "factorial of a factorial" in guard_problem("(3!)!")
+    assert "MAX_FACTORIAL" in guard_problem("(2^{14})!")
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_box_spam_is_refused_and_a_long_last_box_is_not_joined():
+    assert boxed_answer("\\boxed{1}, " * 100) == "1"  # math-verify drops repeats
+    assert len("\\boxed{1}, \\boxed{2}, " * 500) > MAX_BOXED_SPAN
+    assert boxed_answer("\\boxed{1}, \\boxed{2}, " * 500) == ""  # chained past MAX_BOXED_SPAN: no answer
+    assert math_verify_reward("\\boxed{1}, \\boxed{2}, " * 50_000, "\\{1, 2\\}") == 0.0
+    assert boxed_answer("\\boxed{1}, \\boxed{" + "7" * 10**6 + "}") == "7" * 10**6  # refused by length next

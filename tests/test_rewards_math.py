@@ -76,13 +76,14 @@ def test_math_verify_table(gold, answer, reward):
 @pytest.mark.parametrize("response,reward", [
     ("The answer is 5.", 0.0),                          # no box: not an answer
     ("$5$", 0.0),
-    ("\\boxed{4} after checking, \\boxed{5}", 1.0),     # the last box counts
-    ("\\boxed{5} after checking, \\boxed{4}", 0.0),
+    ("\\boxed{4} after checking, \\boxed{5}", 0.0),     # boxes close together are one answer, {4, 5}, as in math-verify
+    ("\\boxed{4}" + " and so on" * 8 + "\\boxed{5}", 1.0),  # far apart: the last box counts
+    ("\\boxed{5}" + " and so on" * 8 + "\\boxed{4}", 0.0),
     ("\\boxed{5} then \\boxed{6", 1.0),                 # an unclosed last box does not
     ("\\boxed{}", 0.0),
     ("\\boxed{five}", 0.0),
 ])
-def test_the_last_complete_box_is_the_answer(response, reward):
+def test_the_last_complete_boxes_are_the_answer(response, reward):
     assert math_verify_reward(response, "5") == reward
 
 
