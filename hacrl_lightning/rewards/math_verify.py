@@ -33,6 +33,7 @@ them, and sympy hangs expanding it), the pool is the guarantee.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import math
@@ -158,7 +159,7 @@ class _Magnitudes:
                 return f"a power of more than MAX_POWER_DIGITS={MAX_POWER_DIGITS} digits at character {i}"
         for i in self.bangs:
             start, end = self._factorial_operand(i)
-            if any(start <= j < end for j in self.bangs):  # `(3!)!` is 720, but one level more is not computable
+            if _within(self.bangs, start, end):  # `(3!)!` is 720, but one level more is not computable
                 return f"a factorial of a factorial at character {i} (nested, they pass MAX_FACTORIAL={MAX_FACTORIAL} within a level or two)"
             if self.log_value(start, end) > math.log10(MAX_FACTORIAL):
                 return f"a factorial of more than MAX_FACTORIAL={MAX_FACTORIAL} at character {i}"
@@ -179,8 +180,8 @@ class _Magnitudes:
         if (start, end) not in self._logs:
             self._logs[start, end] = 0.0  # a factorial's operand may reach back past `start`: no cycles through it
             bounds = [_log10(m) for m in _INTEGER.findall(self.text, start, end)]
-            bounds += [self.digits(j) for j in self.carets if start <= j < end]
-            bounds += [self._log_factorial(j) for j in self.bangs if start <= j < end]
+            bounds += [self.digits(j) for j in _within(self.carets, start, end)]
+            bounds += [self._log_factorial(j) for j in _within(self.bangs, start, end)]
             self._logs[start, end] = max(bounds, default=0.0)
         return self._logs[start, end]
 
@@ -221,6 +222,11 @@ class _Magnitudes:
         while start > 0 and self.text[start - 1].isdigit() and self.text[end - 1].isdigit():
             start -= 1
         return start, end
+
+
+def _within(positions: list[int], start: int, end: int) -> list[int]:
+    """The sorted `positions` in [start, end)."""
+    return positions[bisect.bisect_left(positions, start):bisect.bisect_left(positions, end)]
 
 
 def _log10(digits: str) -> float:
