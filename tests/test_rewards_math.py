@@ -119,3 +119,20 @@ def test_unscorable_golds_are_excluded_at_load_and_reported(tmp_path, caplog):
     # a reward without a gold check keeps everything
     assert scorable_golds("exact_match", ["???", "7"]) == [True, True]
     assert [ex.gold for ex in exclude_unscorable(data.eval_set, "exact_match", what="x")] == ["\\frac{1}{2}", "7", "x^2"]
+
+
+def test_a_gold_solution_with_several_boxes_is_one_answer(tmp_path):
+    """A MATH solution that boxes each of its answers: the gold is all of them, as the response's boxes are read."""
+    from hacrl_lightning.data.benchmarks import load_benchmark
+
+    rows = [{"problem": "Solve $x^2 = 4$.", "solution": "So $x = \\boxed{2}$ or $x = \\boxed{-2}$."},
+            {"problem": "Solve $x = 3$.", "solution": "So $x = \\boxed{3}$. Then, much later in the solution, the check "
+             "of the working gives $\\boxed{3}$ again."}]
+    path = tmp_path / "math.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    both, single = [ex.gold for ex in load_benchmark("math", [path])]
+    assert (both, single) == ("2,-2", "3")
+    assert math_verify_reward("the roots are \\boxed{-2} and \\boxed{2}", both) == 1.0
+    assert math_verify_reward("the roots are \\boxed{-2, 2}", both) == 1.0
+    assert math_verify_reward("so \\boxed{-2}", both) == 0.0  # one of two roots is not the answer
+    assert math_verify_reward("so \\boxed{3}", single) == 1.0

@@ -2,7 +2,7 @@
 and `synthetic`, the held-out split of the offline arithmetic task (generated, never read).
 
 A `Benchmark` names where a dataset lives on the Hugging Face hub (id, config, split) and how its
-columns map to a question and a gold answer (MATH solutions: the last `\\boxed{}`; GSM8K: the text
+columns map to a question and a gold answer (MATH solutions: the boxed answer; GSM8K: the text
 after `####`; OlympiadBench: the first entry of `final_answer`). `load_benchmark(name, files)`
 reads it with `datasets` from the hub (or the local HF cache), or from local `.jsonl` / `.json` /
 `.parquet` files in either the benchmark's own column layout or verl's schema (`prompt` as chat
@@ -35,7 +35,7 @@ from hacrl_lightning.config import DataConfig
 from hacrl_lightning.data.records import Example, PromptDataset
 from hacrl_lightning.data.synthetic import synthetic_examples
 from hacrl_lightning.errors import suggest
-from hacrl_lightning.rewards.exact_match import extract_boxed
+from hacrl_lightning.rewards.math_verify import boxed_answer
 
 PROMPT_TEMPLATE = "{question}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 """The one prompt of every math benchmark; `{question}` is the problem statement."""
@@ -62,8 +62,9 @@ class Benchmark:
     answer: str
     """Column holding the gold answer (or the solution it is extracted from)."""
     answer_kind: str = "plain"
-    """How the gold answer is read: `plain` (the value as text), `boxed` (the last `\\boxed{}` of a
-    solution), `gsm8k` (the text after `####`, thousands separators removed), `first` (first item of a list)."""
+    """How the gold answer is read: `plain` (the value as text), `boxed` (the boxed answer of a solution: its
+    last `\\boxed{}` and the boxes math-verify joins to it, `\\boxed{1} and \\boxed{2}` -> `1,2`), `gsm8k` (the
+    text after `####`, thousands separators removed), `first` (first item of a list)."""
     paper_samples: int = 1
     """Samples per problem under the paper's protocol: 1 (avg@1) everywhere, 30 (best@30) on AIME 2025."""
     size: int = 0
@@ -243,7 +244,7 @@ def _gold_text(spec: Benchmark, value: Any, *, path, row: int) -> str:
         return answer[1:-1].strip() if len(answer) > 1 and answer[0] == answer[-1] == "$" else answer
     if spec.answer_kind == "boxed":
         solution = _text(path, row, column, value)
-        boxed = extract_boxed(solution) or extract_boxed(solution.replace("\\fbox", "\\boxed"))
+        boxed = boxed_answer(solution) or boxed_answer(solution.replace("\\fbox", "\\boxed"))  # several boxes: one answer
         if boxed is None or not boxed.strip():
             raise DataFormatError(path, "the solution has no \\boxed{...} answer", f"end the {column!r} text with "
                                   "\\boxed{<answer>}, or store the answer itself in verl's reward_model.ground_truth",
