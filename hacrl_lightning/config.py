@@ -280,6 +280,12 @@ class TrainerConfig:
     """Measure how much of each learner's update comes from partners' responses (`{agent}/diag/cross_grad_share`)
     on every this many steps (the 10th, 20th, ...; 0: never). It costs about one more forward and backward
     pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics)."""
+    gpu_memory_gib: float = 80.0
+    """GiB (2^30 bytes) of one GPU for the memory plan (`scripts/plan.py`, and train.py's preflight on a
+    GPU; docs/PERFORMANCE.md#the-memory-plan): the H100's 80 by default. Where CUDA is present the
+    device's own memory is used instead."""
+    ignore_memory_plan: bool = False
+    """Launch a GPU run even when the memory plan says it cannot fit (`scripts/plan.py` still shows the plan)."""
 
 
 @dataclass
@@ -524,6 +530,7 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.progress_every", tr.progress_every, strict=False)
     c.positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips, strict=False)
     c.positive("trainer.diagnostics_every", tr.diagnostics_every, strict=False)
+    c.positive("trainer.gpu_memory_gib", tr.gpu_memory_gib)
     if tr.mini_batch_prompts > 0 and cfg.data.prompts_per_step > 0:
         mini = tr.mini_batch_prompts
         if cfg.data.prompts_per_step % mini:

@@ -23,6 +23,9 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
 - what this machine must have (`device_problems`): no more GPUs than it has when the accelerator is
   gpu/cuda (or auto with devices > 1; CPU ranks with `trainer.accelerator=cpu` are fine), and CUDA
   plus the `vllm` package for `rollout=vllm`;
+- on a GPU, the per-GPU memory plan (`memory_plan_problems`, `hacrl_lightning.memory`): a run that
+  cannot fit is refused with the plan's table and the changes that would make it fit, cheapest first
+  (`trainer.ignore_memory_plan=true` launches anyway); on CPU the plan is informational (`scripts/plan.py`);
 - every hub model (an agent's model or tokenizer) and hub benchmark (a math task without local
   files) that is neither in the local cache nor reachable, all probed at once and named together
   with the download command the installed huggingface_hub ships (`hub_problems`, `hub.py`).
@@ -208,6 +211,19 @@ def device_problems(cfg: TrainConfig) -> List[Problem]:
     return problems
 
 
+def runs_on_gpu(cfg: TrainConfig) -> bool:
+    """The run's accelerator is a GPU: gpu/cuda, or auto where CUDA is present."""
+    tr = cfg.trainer
+    return tr.accelerator in ("gpu", "cuda") or (tr.accelerator == "auto" and _cuda_devices() > 0)
+
+
+def memory_plan_problems(cfg: TrainConfig) -> List[Problem]:
+    """A GPU run whose per-GPU memory plan does not fit (`hacrl_lightning.memory`), before any weights load."""
+    from hacrl_lightning.memory import memory_problems
+
+    return memory_problems(cfg, on_gpu=runs_on_gpu(cfg))
+
+
 def _hub_missing(wanted: List[tuple[str, str, Optional[str], str]],
                         benchmarks: List[tuple[str, str]]) -> List[Problem]:
     """wanted: (key, hub id, revision, the override that points at a local copy); benchmarks: (key,
@@ -279,7 +295,7 @@ def preflight_problems(cfg: TrainConfig) -> List[Problem]:
     no_data = any(p.key.startswith("data.") for p in hub)  # its hub benchmarks are unreachable: said there
     prompts, answers = ([], []) if no_data else _task_sample(cfg.data, task_problems)
     problems += [] if problems else task_problems  # a task that cannot load its missing file: said once
-    problems += device_problems(cfg) + hub
+    problems += device_problems(cfg) + hub + memory_plan_problems(cfg)
     for name, agent_cfg in cfg.agents.items():
         problems += _agent_problems(name, agent_cfg, prompts, answers, zoo_cache=cfg.zoo_cache)
     if cfg.resume:

@@ -22,7 +22,7 @@ from hacrl_lightning.errors import Problem
 HARMLESS = (
     "trainer.steps", "trainer.eval_every", "trainer.eval_samples", "trainer.log_every", "trainer.progress_every",
     "trainer.checkpoint_every", "trainer.checkpoint_minutes", "trainer.export_agents", "trainer.max_nonfinite_skips",
-    "trainer.diagnostics_every",
+    "trainer.diagnostics_every", "trainer.gpu_memory_gib", "trainer.ignore_memory_plan",
     "data.reward_workers", "agents.*.gradient_checkpointing", "agents.*.gpu_memory_utilization",
     "pair.*",
 )

@@ -1,0 +1,582 @@
+"""The per-GPU memory plan: what each agent of a run holds on one GPU, before any weights load.
+
+`plan_memory(cfg, architectures, gpu_bytes)` turns a `TrainConfig` and each agent's `Architecture` (the
+numbers of its config.json) into a `MemoryPlan`: per agent and per GPU, the fp32 master weights,
+gradients and AdamW state sharded over the data-parallel world (`trainer=fsdp`: devices x nodes; one
+device holds them whole), the frozen KL reference (`algorithm.kl_coef > 0`), the weights FSDP2
+all-gathers in the compute dtype, the activation and logits peak of one micro-batch at the maximum
+lengths (with and without gradient checkpointing), and the rollout engine: vLLM's bf16 weights, the KV
+cache its memory share leaves and how many maximum-length sequences that holds (or, for `rollout=hf`,
+the KV cache of one generation chunk). `fixes(...)` ranks the changes that would make a run fit.
+
+Offline: a hub preset's architecture ships beside the presets (`agents/arch/<hub id>.json`), a local
+model directory and a zoo agent are read from their own config.json (`architecture_of`).
+`scripts/plan.py` prints the plan; `preflight.memory_problems` refuses a GPU run that cannot fit.
+
+Which figures are exact and which are estimates (docs/PERFORMANCE.md, "Memory plan"): parameter
+counts and training-state bytes are exact (tested against the zoo's models after a real step); the
+logits and activation peak follows the autograd graph of `Agent.token_logprobs` and is checked against
+torch's CPU profiler; the KV cache per token is checked against vLLM's CPU engine. Estimates, not
+measured here: FSDP2's gathered weights, vLLM's own activation reserve and RUNTIME_RESERVE. Deliberately
+not here: host memory, tensor parallelism, and anything that loads a model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+from hacrl_lightning.config import TrainConfig
+from hacrl_lightning.errors import Problem
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+ARCH_DIRS = (Path(__file__).resolve().parent / "configs" / "agents" / "arch",   # a wheel install
+             Path(__file__).resolve().parents[1] / "agents" / "arch")           # a checkout
+"""Where hub presets' architectures ship: `<dir>/<hub id>.json` (config.json's numbers)."""
+RUNTIME_RESERVE = 2 * GIB
+"""Assumed per GPU for the CUDA context, NCCL buffers and allocator fragmentation (not measured here)."""
+LOGPROB_ROWS = 8
+"""Rows `agents.agent.gather_logprobs` turns into fp32 log-softmax at a time."""
+VLLM_BATCHED_TOKENS = 16384
+VLLM_MAX_SEQS = 1024
+"""vLLM's defaults for an offline `LLM` on a large GPU: the profile run's tokens (activations) and sampled
+sequences (fp32 logits) it reserves before sizing the KV cache (an estimate of that reserve)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# architectures
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a transformers `model_type` builds, beyond config.json's sizes (data, not branches)."""
+
+    gated_mlp: bool = True
+    """SwiGLU (gate, up, down) rather than two matrices (fc, proj)."""
+    qk_norm: bool = False
+    """An RMSNorm over each head's queries and keys (Qwen3)."""
+    layer_norm: bool = False
+    """LayerNorm (weight and bias) rather than RMSNorm (weight)."""
+    learned_positions: bool = False
+    """A learned position embedding of max_positions rows (GPT-2)."""
+    attention_bias: bool = False
+    """Biases of q, k, v and the output projection when config.json does not say (`attention_bias`)."""
+    mlp_bias: bool = False
+    """Biases of the MLP's matrices when config.json does not say (`mlp_bias`)."""
+    fused_qkv: bool = False
+    """q, k and v in one matrix (one tensor, one bias)."""
+    keys: Mapping[str, str] = field(default_factory=dict)
+    """config.json's names for the standard keys (GPT-2's n_embd for hidden_size, ...)."""
+
+
+GPT2_KEYS = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+             "max_position_embeddings": "n_positions", "intermediate_size": "n_inner"}
+FAMILIES: Dict[str, Family] = {
+    "llama": Family(),
+    "mistral": Family(),
+    "qwen3": Family(qk_norm=True),
+    "gpt2": Family(gated_mlp=False, layer_norm=True, learned_positions=True, attention_bias=True, mlp_bias=True,
+                   fused_qkv=True, keys=GPT2_KEYS),
+    "gpt_neox": Family(gated_mlp=False, layer_norm=True, attention_bias=True, mlp_bias=True, fused_qkv=True),
+}
+"""The model types whose parameters and activations the plan knows (`test_memory_plan` builds each)."""
+
+
+class UnknownArchitecture(LookupError):
+    """An agent whose architecture is not known offline; the message names the file to add."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The numbers of a config.json that memory depends on."""
+
+    model_type: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+    max_positions: int
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], *, source: str = "config.json") -> "Architecture":
+        """From a config.json's dict; raises UnknownArchitecture for a model type not in FAMILIES."""
+        model_type = config.get("model_type")
+        if model_type not in FAMILIES:
+            raise UnknownArchitecture(f"{source}: model_type {model_type!r} is not one the memory plan knows "
+                                      f"({sorted(FAMILIES)}); add it to hacrl_lightning.memory.FAMILIES")
+        family = FAMILIES[model_type]
+        get = lambda key, default=None: config.get(family.keys.get(key, key), default)  # noqa: E731
+        hidden, heads = int(get("hidden_size")), int(get("num_attention_heads"))
+        return cls(model_type=model_type, layers=int(get("num_hidden_layers")), hidden=hidden,
+                   intermediate=int(get("intermediate_size") or 4 * hidden), heads=heads,
+                   kv_heads=int(get("num_key_value_heads") or heads), head_dim=int(get("head_dim") or hidden // heads),
+                   vocab=int(get("vocab_size")), tied_embeddings=bool(get("tie_word_embeddings", True)),
+                   max_positions=int(get("max_position_embeddings")),
+                   attention_bias=bool(get("attention_bias", family.attention_bias)),
+                   mlp_bias=bool(get("mlp_bias", family.mlp_bias)))
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.model_type]
+
+    def _norm(self, width: int) -> int:
+        return 2 * width if self.family.layer_norm else width
+
+    @property
+    def block_parameters(self) -> int:
+        """One transformer block: attention (q, k, v, out), its norms, the MLP."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = 2 * h * q + 2 * h * kv + ((q + 2 * kv + h) if self.attention_bias else 0)
+        qk_norm = 2 * self.head_dim if self.family.qk_norm else 0
+        matrices = 3 if self.family.gated_mlp else 2
+        mlp = matrices * h * self.intermediate + (((matrices - 1) * self.intermediate + h) if self.mlp_bias else 0)
+        return attention + qk_norm + mlp + 2 * self._norm(h)
+
+    @property
+    def root_parameters(self) -> int:
+        """Outside the blocks: embeddings, final norm, an untied LM head (FSDP2's root unit)."""
+        h = self.hidden
+        embeddings = self.vocab * h + (self.max_positions * h if self.family.learned_positions else 0)
+        return embeddings + self._norm(h) + (0 if self.tied_embeddings else self.vocab * h)
+
+    @property
+    def parameters(self) -> int:
+        return self.layers * self.block_parameters + self.root_parameters
+
+    @property
+    def parameter_tensors(self) -> int:
+        """How many parameter tensors (AdamW keeps one `step` scalar for each)."""
+        per_norm = 2 if self.family.layer_norm else 1
+        attention = (2 if self.family.fused_qkv else 4) * (2 if self.attention_bias else 1) \
+            + (2 if self.family.qk_norm else 0)
+        mlp = (3 if self.family.gated_mlp else 2) * (2 if self.mlp_bias else 1)
+        block = attention + mlp + 2 * per_norm
+        root = 1 + (1 if self.family.learned_positions else 0) + per_norm + (0 if self.tied_embeddings else 1)
+        return self.layers * block + root
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Keys and values of one token in every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def saved_per_token_layer(self, c: int) -> int:
+        """Bytes one block keeps for backward per token, computing in `c`-byte floats (flash-style attention:
+        no T x T matrix). RMSNorm (transformers' fp32 path) keeps its fp32 input and its normalized output;
+        SDPA its q, k, v and output; SwiGLU gate, act, up and their product; a plain MLP two."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        norm = 2 * c * h if self.family.layer_norm else (4 + c) * h
+        qk_norm = (4 + c) * (q + kv) if self.family.qk_norm else 0
+        attention = c * (2 * q + 2 * kv)
+        mlp = (4 if self.family.gated_mlp else 2) * c * i
+        return 2 * norm + qk_norm + attention + mlp
+
+
+def arch_file(hub_id: str) -> Path:
+    """Where the architecture of a hub model ships (the first of ARCH_DIRS that exists)."""
+    folder = next((d for d in ARCH_DIRS if d.is_dir()), ARCH_DIRS[-1])
+    return folder / f"{hub_id}.json"
+
+
+def _hub_cache_config(hub_id: str, revision: Optional[str]) -> Optional[Path]:
+    """A hub model's config.json in the local Hugging Face cache, if it is there (never downloads)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - huggingface_hub is a dependency of transformers
+        return None
+    found = try_to_load_from_cache(hub_id, "config.json", revision=revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+def architecture_of(name: str, agent, *, zoo_cache: Any = None) -> Architecture:
+    """The architecture of agent `name` (an `AgentConfig`), offline: `agents/arch/<hub id>.json` for a hub
+    id (else its config.json in the local HF cache), the config.json of a local directory, or of a zoo
+    build (shipped, or built once into the cache). Raises UnknownArchitecture naming the file to add."""
+    from hacrl_lightning.agents.sources import is_hub_id, looks_like_path
+
+    key = f"agents.{name}.model"
+    source = agent.model
+    if is_hub_id(source):
+        path = arch_file(source)
+        path = path if path.is_file() else _hub_cache_config(source, agent.revision)
+        if path is None:
+            raise UnknownArchitecture(
+                f"{key}={source!r}: its architecture is not known offline; add {arch_file(source)} holding the "
+                f"numbers of its config.json (model_type, hidden_size, intermediate_size, num_hidden_layers, "
+                f"num_attention_heads, num_key_value_heads, head_dim, vocab_size, tie_word_embeddings, "
+                f"max_position_embeddings), or point {key} at a local copy of the model")
+    else:
+        if not looks_like_path(source):
+            from hacrl_lightning.agents.sources import resolve_source  # zoo:<preset>: its build's directory
+
+            source = resolve_source(name, source, key=key, zoo_cache=zoo_cache)
+        path = Path(source).expanduser() / "config.json"
+        if not path.is_file():
+            raise UnknownArchitecture(f"{key}={agent.model!r}: {path} does not exist; point {key} at a model "
+                                      f"directory holding config.json")
+    return Architecture.from_config(json.loads(path.read_text()), source=str(path))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the plan
+
+
+@dataclass(frozen=True)
+class AgentMemory:
+    """One agent on one GPU, in bytes."""
+
+    name: str
+    parameters: int
+    master_weights: int
+    gradients: int
+    adamw: int
+    kl_reference: int
+    gathered: int
+    """FSDP2's transients: the root's and two blocks' weights and gradients in the compute dtype (an
+    estimate); on one device under bf16-mixed, autocast's bf16 copy of every weight."""
+    activations: int
+    """The activation and logits peak of one micro-batch at the maximum lengths, without checkpointing."""
+    activations_checkpointed: int
+    """The same with gradient checkpointing (each block's input kept, one block recomputed at a time)."""
+    checkpointing: bool
+    gradient_buffers: int
+    """One device: the embedding's gradient contributions (LM head and input embedding when tied) that
+    autograd sums at the end of backward, in fp32 (under FSDP2 part of `gathered`)."""
+    engine_weights: int
+    engine_reserve: int
+    """vLLM's activation reserve (an estimate); 0 for the HF backend."""
+    kv_cache: int
+    """vLLM: what the memory share leaves for the KV cache; HF: the KV cache of one generation chunk."""
+    kv_sequences: int
+    """Maximum-length sequences the KV cache holds (vLLM); sequences per generation chunk (HF)."""
+    engine: int
+    """What the engine holds all the time (vLLM: its whole share of the GPU; HF: nothing)."""
+
+    @property
+    def state(self) -> int:
+        """Held all run long: master weights, gradients (kept between updates), AdamW, the KL reference."""
+        return self.master_weights + self.gradients + self.adamw + self.kl_reference
+
+    @property
+    def peak_activations(self) -> int:
+        return self.activations_checkpointed if self.checkpointing else self.activations
+
+    @property
+    def transient(self) -> int:
+        """This agent's peak above its state: its update (gathered weights + activations) or, with the HF
+        backend, its generation (gathered weights + KV cache), whichever is larger."""
+        generation = 0 if self.engine else self.kv_cache
+        return self.gathered + max(self.peak_activations, self.gradient_buffers, generation)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Every agent on one GPU, and the total against the GPU's memory."""
+
+    agents: List[AgentMemory]
+    gpu_bytes: int
+    world: int
+    """Ranks the training state is sharded over (1 unless trainer=fsdp)."""
+    devices: int
+    num_nodes: int
+    micro_batch_size: int
+    backend: str
+    precision: str
+    reserve: int = RUNTIME_RESERVE
+
+    @property
+    def state(self) -> int:
+        return sum(a.state for a in self.agents)
+
+    @property
+    def engines(self) -> int:
+        return sum(a.engine for a in self.agents)
+
+    @property
+    def transient(self) -> int:
+        """Agents update (and generate) one after another: the largest single peak counts."""
+        return max((a.transient for a in self.agents), default=0)
+
+    @property
+    def total(self) -> int:
+        return self.state + self.engines + self.transient + self.reserve
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.gpu_bytes and all(a.kv_sequences >= 1 for a in self.agents)
+
+    def to_json(self, changes: Optional[List[dict]] = None) -> dict:
+        """The same figures as `table`, bytes and GiB, with `"fits"`."""
+        agents = {a.name: {**asdict(a), "state": a.state, "transient": a.transient} for a in self.agents}
+        totals = {"state": self.state, "engines": self.engines, "transient": self.transient, "reserve": self.reserve,
+                  "total": self.total, "gpu": self.gpu_bytes}
+        return {"fits": self.fits, "gib": {k: round(v / GIB, 3) for k, v in totals.items()}, "bytes": totals,
+                "world": self.world, "devices": self.devices, "num_nodes": self.num_nodes,
+                "micro_batch_size": self.micro_batch_size, "backend": self.backend, "precision": self.precision,
+                "agents": agents, "changes": changes or []}
+
+    def table(self) -> str:
+        """The plan as a table a person reads (GiB = 2^30 bytes)."""
+        gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731
+        head = ("agent", "params", "weights", "grads", "AdamW", "KL ref", "gathered", "act (no ckpt)", "act (ckpt)",
+                "engine wts", "KV cache", "KV seqs")
+        rows = [head]
+        for a in self.agents:
+            mark = lambda on: "*" if on else ""  # noqa: E731
+            rows.append((a.name, f"{a.parameters / 1e9:.3f} B", gib(a.master_weights), gib(a.gradients), gib(a.adamw),
+                         gib(a.kl_reference), gib(a.gathered), gib(a.activations) + mark(not a.checkpointing),
+                         gib(a.activations_checkpointed) + mark(a.checkpointing), gib(a.engine_weights),
+                         gib(a.kv_cache), str(a.kv_sequences)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+                 for r in rows]
+        verdict = "fits" if self.fits else "does NOT fit"
+        short = [a.name for a in self.agents if a.kv_sequences < 1]
+        return "\n".join([
+            f"memory plan per GPU (GiB): {self.devices} device(s) x {self.num_nodes} node(s), training state sharded "
+            f"over {self.world}, {self.precision}, micro-batch {self.micro_batch_size}, rollout={self.backend}",
+            *lines,
+            "  (* the activation peak that applies: agents.<key>.gradient_checkpointing)",
+            f"per GPU: training state {gib(self.state)} + engines {gib(self.engines)} + largest update/generation "
+            f"peak {gib(self.transient)} + runtime reserve {gib(self.reserve)} = {gib(self.total)} GiB of "
+            f"{gib(self.gpu_bytes)} GiB: {verdict}"
+            + (f"; no room for one maximum-length sequence in the KV cache of {short}" if short else ""),
+        ])
+
+
+def compute_bytes(cfg: TrainConfig) -> int:
+    """Bytes of a float in the forward pass: bf16 under bf16-mixed, fp32 otherwise."""
+    return 2 if cfg.trainer.precision == "bf16-mixed" else 4
+
+
+def shard_world(cfg: TrainConfig) -> int:
+    """The ranks FSDP2 shards each agent over (`strategies.make_strategy`): devices x nodes under fsdp."""
+    return cfg.trainer.devices * cfg.trainer.num_nodes if cfg.trainer.strategy == "fsdp" else 1
+
+
+def logits_peak(arch: Architecture, rows: int, tokens: int, c: int) -> int:
+    """`Agent.token_logprobs` on `rows` x `tokens`: the model's logits in the compute dtype, the fp32
+    log-softmax inputs autograd keeps for every row, and two fp32 working copies of one LOGPROB_ROWS chunk."""
+    per_row = tokens * arch.vocab
+    return c * rows * per_row + 4 * rows * per_row + 2 * 4 * min(rows, LOGPROB_ROWS) * per_row
+
+
+def activation_peak(arch: Architecture, rows: int, tokens: int, c: int, *, checkpointed: bool) -> int:
+    """One micro-batch's forward and backward: what the blocks keep, the final norm, and the logits."""
+    per_layer = arch.saved_per_token_layer(c)
+    blocks = arch.layers * c * arch.hidden + per_layer if checkpointed else arch.layers * per_layer
+    final_norm = 2 * c * arch.hidden if arch.family.layer_norm else (4 + c) * arch.hidden
+    return rows * tokens * (blocks + final_norm) + logits_peak(arch, rows, tokens, c)
+
+
+def _gathered(arch: Architecture, cfg: TrainConfig, world: int, c: int) -> int:
+    if world > 1:  # root held for the forward and backward, the block computed and the one prefetched
+        return c * (2 * arch.root_parameters + 3 * arch.block_parameters)
+    return c * arch.parameters if cfg.trainer.precision == "bf16-mixed" else 0
+
+
+def _engine(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int, rows_local: int) -> dict:
+    agent = cfg.agents[name]
+    seq = agent.max_prompt_len + agent.max_response_len
+    if cfg.rollout.backend != "vllm":
+        c = compute_bytes(cfg)
+        n = cfg.responses_per_prompt
+        chunk = min(max(1, cfg.rollout.generation_batch_size // n) * n, rows_local)
+        kv = chunk * (seq * arch.kv_bytes_per_token(c) + 4 * arch.vocab)
+        return dict(engine_weights=0, engine_reserve=0, kv_cache=kv, kv_sequences=chunk, engine=0)
+    weights = arch.parameters * DTYPE_BYTES[agent.dtype]
+    reserve = 2 * VLLM_BATCHED_TOKENS * (2 * arch.intermediate + 4 * arch.hidden) + 4 * VLLM_MAX_SEQS * arch.vocab
+    share = int(agent.gpu_memory_utilization * gpu_bytes)
+    kv = max(0, share - weights - reserve)
+    sequences = kv // (seq * arch.kv_bytes_per_token(DTYPE_BYTES[agent.dtype]))
+    return dict(engine_weights=weights, engine_reserve=reserve, kv_cache=kv, kv_sequences=int(sequences), engine=share)
+
+
+def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int) -> AgentMemory:
+    """One agent's figures on one GPU (see AgentMemory)."""
+    world, c = shard_world(cfg), compute_bytes(cfg)
+    agent = cfg.agents[name]
+    params = arch.parameters
+    shard = math.ceil(params / world)
+    tokens = agent.max_prompt_len + agent.max_response_len
+    rows = cfg.trainer.micro_batch_size
+    ranks = cfg.trainer.devices * cfg.trainer.num_nodes
+    rows_local = max(1, cfg.data.prompts_per_step // ranks) * cfg.responses_per_prompt
+    return AgentMemory(
+        name=name, parameters=params, master_weights=4 * shard, gradients=4 * shard,
+        adamw=8 * shard + 4 * arch.parameter_tensors,
+        kl_reference=4 * shard if cfg.algorithm.kl_coef > 0 else 0,
+        gathered=_gathered(arch, cfg, world, c),
+        activations=activation_peak(arch, rows, tokens, c, checkpointed=False),
+        activations_checkpointed=activation_peak(arch, rows, tokens, c, checkpointed=True),
+        checkpointing=agent.gradient_checkpointing,
+        gradient_buffers=0 if world > 1 else (2 if arch.tied_embeddings else 1) * 4 * arch.vocab * arch.hidden,
+        **_engine(name, arch, cfg, gpu_bytes, rows_local),
+    )
+
+
+def plan_memory(cfg: TrainConfig, architectures: Mapping[str, Architecture], gpu_bytes: int) -> MemoryPlan:
+    """The plan of `cfg` on GPUs of `gpu_bytes` each; `architectures`: one per agent of cfg."""
+    tr = cfg.trainer
+    return MemoryPlan(agents=[agent_memory(name, architectures[name], cfg, gpu_bytes) for name in cfg.agents],
+                      gpu_bytes=int(gpu_bytes), world=shard_world(cfg), devices=tr.devices, num_nodes=tr.num_nodes,
+                      micro_batch_size=tr.micro_batch_size, backend=cfg.rollout.backend, precision=tr.precision)
+
+
+# ---------------------------------------------------------------------------------------------------
+# what would make it fit
+
+
+def _smaller_micro_batch(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
+    size = cfg.trainer.micro_batch_size
+    for smaller in [s for s in (size // 2, size // 4, size // 8, 1) if 1 <= s < size]:
+        cfg.trainer.micro_batch_size = smaller
+        if plan_of(cfg).fits:
+            break
+    return [f"trainer.micro_batch_size={cfg.trainer.micro_batch_size}"] if cfg.trainer.micro_batch_size < size else None
+
+
+def _checkpointing(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
+    off = [name for name, agent in cfg.agents.items() if not agent.gradient_checkpointing]
+    for name in off:
+        cfg.agents[name].gradient_checkpointing = True
+    return [f"agents.{name}.gradient_checkpointing=true" for name in off] or None
+
+
+def _engine_memory(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
+    """vLLM: every share lowered by 0.05 at a time while its KV cache still holds one maximum-length
+    sequence; HF: the generation chunk halved."""
+    if cfg.rollout.backend != "vllm":
+        size = cfg.rollout.generation_batch_size
+        while cfg.rollout.generation_batch_size > 1 and not plan_of(cfg).fits:
+            cfg.rollout.generation_batch_size //= 2
+        return [f"rollout.generation_batch_size={cfg.rollout.generation_batch_size}"] \
+            if cfg.rollout.generation_batch_size != size else None
+    before = {name: agent.gpu_memory_utilization for name, agent in cfg.agents.items()}
+    while not plan_of(cfg).fits:
+        lowered = False
+        for k, agent in enumerate(cfg.agents.values()):
+            saved = agent.gpu_memory_utilization
+            agent.gpu_memory_utilization = round(saved - 0.05, 2)
+            if agent.gpu_memory_utilization <= 0 or plan_of(cfg).agents[k].kv_sequences < 1:
+                agent.gpu_memory_utilization = saved
+            else:
+                lowered = True
+        if not lowered:
+            break
+    return [f"agents.{name}.gpu_memory_utilization={agent.gpu_memory_utilization:g}"
+            for name, agent in cfg.agents.items() if agent.gpu_memory_utilization != before[name]] or None
+
+
+def _more_nodes(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
+    if cfg.trainer.strategy != "fsdp":
+        if cfg.trainer.devices == 1:
+            return None
+        cfg.trainer.strategy = "fsdp"
+        return ["trainer.strategy=fsdp"]
+    nodes = cfg.trainer.num_nodes
+    while cfg.trainer.num_nodes < MAX_NODES and not plan_of(cfg).fits:
+        cfg.trainer.num_nodes += 1
+    return [f"trainer.num_nodes={cfg.trainer.num_nodes}"] if cfg.trainer.num_nodes != nodes else None
+
+
+MAX_NODES = 16
+"""The most nodes `fixes` tries."""
+CHANGES = (("fewer sequences per forward/backward pass: the same update in more passes", _smaller_micro_batch),
+           ("gradient checkpointing: about a third more forward compute", _checkpointing),
+           ("a smaller engine memory share: a smaller KV cache, slower rollouts", _engine_memory),
+           ("more nodes: the training state sharded further", _more_nodes))
+"""Changes in the order of what they cost. `algorithm.cross_samples_per_prompt` is not among them: it caps
+the rows a learner trains on (time), not what one micro-batch holds (memory)."""
+
+
+def fixes(cfg: TrainConfig, architectures: Mapping[str, Architecture], gpu_bytes: int) -> List[dict]:
+    """The changes that would make `cfg` fit, cumulative and ranked by cost: each entry's `overrides` come
+    on top of the ones before it, and `total` is the plan's figure with all of them. Stops once it fits."""
+    trial = copy.deepcopy(cfg)
+    plan_of = lambda candidate: plan_memory(candidate, architectures, gpu_bytes)  # noqa: E731
+    out: List[dict] = []
+    for why, change in CHANGES:
+        if plan_of(trial).fits:
+            break
+        overrides = change(trial, plan_of)
+        if overrides:
+            plan = plan_of(trial)
+            out.append({"overrides": overrides, "why": why, "total": plan.total, "fits": plan.fits})
+    return out
+
+
+def describe_fixes(changes: List[dict], gpu_bytes: int) -> str:
+    """The ranked changes, one line each, with the plan's figure after it."""
+    if not changes:
+        return "no change among micro-batch size, checkpointing, engine share and nodes makes it fit"
+    lines = []
+    for i, change in enumerate(changes, 1):
+        verdict = "fits" if change["fits"] else "still too large"
+        lines.append(f"  {i}. {'+ ' if i > 1 else ''}{' '.join(change['overrides'])}: {change['total'] / GIB:.1f} GiB "
+                     f"of {gpu_bytes / GIB:.1f} ({verdict}; {change['why']})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the run's plan, and the preflight's refusal
+
+
+def gpu_memory_bytes(cfg: TrainConfig) -> tuple[int, str]:
+    """(bytes of one GPU, where the figure comes from): the device's own where CUDA is present, else the
+    `trainer.gpu_memory_gib` setting."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory, f"{torch.cuda.get_device_name(0)}, this machine's GPU"
+    return int(cfg.trainer.gpu_memory_gib * GIB), "trainer.gpu_memory_gib"
+
+
+def run_architectures(cfg: TrainConfig) -> tuple[Dict[str, Architecture], List[Problem]]:
+    """Every agent's architecture, offline, and a problem for each that is not known (the file to add)."""
+    from hacrl_lightning.agents.sources import AgentLoadError
+
+    architectures, problems = {}, []
+    for name, agent in cfg.agents.items():
+        try:
+            architectures[name] = architecture_of(name, agent, zoo_cache=cfg.zoo_cache)
+        except UnknownArchitecture as err:
+            problems.append(Problem(f"agents.{name}.model", agent.model,
+                                    "a model whose architecture is known offline (for the memory plan)", str(err)))
+        except AgentLoadError:
+            pass  # an unknown zoo preset: the preflight's agent checks name it
+    return architectures, problems
+
+
+def memory_problems(cfg: TrainConfig, *, on_gpu: bool) -> List[Problem]:
+    """The preflight's memory check (`preflight.check_run`): on a GPU (`on_gpu`), a run whose plan does not
+    fit is refused with the plan's table and the changes that would make it fit, cheapest first; an agent
+    whose architecture is unknown offline names the file to add. `trainer.ignore_memory_plan` launches
+    anyway. On CPU the plan is not checked: it plans GPUs (`scripts/plan.py` shows it)."""
+    if not on_gpu or cfg.trainer.ignore_memory_plan:
+        return []
+    architectures, problems = run_architectures(cfg)
+    if problems:
+        return problems
+    gpu_bytes, source = gpu_memory_bytes(cfg)
+    plan = plan_memory(cfg, architectures, gpu_bytes)
+    if plan.fits:
+        return []
+    changes = describe_fixes(fixes(cfg, architectures, gpu_bytes), gpu_bytes)
+    return [Problem("memory_plan", f"{plan.total / GIB:.1f} GiB per GPU",
+                    f"at most {gpu_bytes / GIB:.1f} GiB, one GPU's memory ({source})",
+                    f"the changes that would make it fit, cheapest first (each with the plan's total after it):\n"
+                    f"{changes}\n  or launch anyway: trainer.ignore_memory_plan=true\n{plan.table()}")]
+
+
+__all__ = ["Architecture", "AgentMemory", "MemoryPlan", "UnknownArchitecture", "architecture_of", "plan_memory",
+           "fixes", "describe_fixes", "memory_problems", "run_architectures", "gpu_memory_bytes"]

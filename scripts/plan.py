@@ -1,0 +1,114 @@
+"""The per-GPU memory plan of a run, before a GPU hour is spent: what each agent holds on one GPU.
+
+    python scripts/plan.py experiment=paper_size_qwen3_4b_8b trainer.devices=8
+    python scripts/plan.py experiment=paper_model rollout=vllm --json plan.json
+    python scripts/plan.py agents=[qwen3_1.7b,qwen3_4b,qwen3_8b_base] trainer=fsdp rollout=vllm
+    python scripts/plan.py experiment=paper_model rollout=vllm --sbatch 2     # a SLURM script for 2 nodes
+
+Takes the same overrides as scripts/train.py (composed and validated the same way, `hacrl_lightning.cli`)
+and loads no weights: each agent's architecture comes from agents/arch/<hub id>.json for a hub preset, or
+the config.json of a local directory or zoo build (`hacrl_lightning.memory`). Prints, per agent and per
+GPU, the fp32 master weights, gradients and AdamW state (sharded over devices x nodes under trainer=fsdp),
+the KL reference, FSDP2's gathered weights, the activation peak of one micro-batch with and without
+gradient checkpointing, the engine's weights and KV cache, and the total against one GPU's memory (the
+device's own where CUDA is present, else trainer.gpu_memory_gib, 80 by default); when it does not fit,
+the changes that would make it fit, cheapest first. train.py runs the same check on a GPU and refuses a
+run that cannot fit (docs/PERFORMANCE.md#the-memory-plan).
+
+Flags: --json PATH (the same figures, with "fits": true|false), --sbatch NODES (print an sbatch script
+that launches this run on NODES nodes of trainer.devices GPUs; docs/training.md#several-nodes),
+--cfg job (print the composed config), -h/--help. Exit status: 0 it fits, 1 it does not, 2 a bad config
+or an agent whose architecture is unknown offline.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from hacrl_lightning.cli import compose_config, parse_cli
+from hacrl_lightning.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def take_flag(args: list[str], flag: str) -> str | None:
+    """Remove `flag VALUE` from args and return VALUE (None when absent)."""
+    if flag not in args:
+        return None
+    i = args.index(flag)
+    if i + 1 >= len(args):
+        raise SystemExit(f"{flag} takes a value, e.g. {flag} {'plan.json' if flag == '--json' else '2'}")
+    value = args[i + 1]
+    del args[i : i + 2]
+    return value
+
+
+def sbatch_script(overrides: list[str], *, nodes: int, devices: int) -> str:
+    """An sbatch script for this run on `nodes` nodes of `devices` GPUs: one SLURM task per GPU, as
+    Lightning's SLURM environment expects (it reads the ranks and the master address from SLURM)."""
+    run = [o for o in overrides if not o.startswith(("trainer.num_nodes=", "trainer.devices="))]
+    command = shlex.join(["python", "scripts/train.py", *run, f"trainer.num_nodes={nodes}", f"trainer.devices={devices}"])
+    return "\n".join([
+        "#!/bin/bash",
+        "#SBATCH --job-name=hacrl",
+        f"#SBATCH --nodes={nodes}",
+        f"#SBATCH --ntasks-per-node={devices}      # one task per GPU: Lightning's SLURMEnvironment",
+        f"#SBATCH --gpus-per-node={devices}",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --time=24:00:00",
+        "#SBATCH --requeue                 # a preempted job is requeued; resume=<run_dir> continues it",
+        "#SBATCH --signal=SIGTERM@120     # SIGTERM 2 min before the limit: a checkpoint is written",
+        "",
+        f"cd {shlex.quote(str(REPO))}",
+        "source .venv/bin/activate",
+        f"srun {command}",
+        "",
+    ])
+
+
+def main(argv: list[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(__doc__.strip())
+        return 0
+    args = list(argv)
+    json_path, nodes = take_flag(args, "--json"), take_flag(args, "--sbatch")
+    overrides, show = parse_cli(args)
+    try:
+        cfg, dcfg = compose_config(overrides)  # values and names only: no hub, file or tokenizer is touched
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if show:
+        print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
+        return 0
+    from hacrl_lightning.memory import describe_fixes, fixes, gpu_memory_bytes, plan_memory, run_architectures
+
+    if nodes is not None:
+        cfg.trainer.num_nodes = int(nodes)
+    architectures, problems = run_architectures(cfg)
+    if problems:
+        print(f"error: {ConfigError(problems)}", file=sys.stderr)
+        return 2
+    gpu_bytes, source = gpu_memory_bytes(cfg)
+    plan = plan_memory(cfg, architectures, gpu_bytes)
+    changes = [] if plan.fits else fixes(cfg, architectures, gpu_bytes)
+    print(plan.table())
+    print(f"one GPU: {gpu_bytes / 2**30:.1f} GiB ({source})")
+    if not plan.fits:
+        print("changes that would make it fit, cheapest first (each with the plan's total after it):")
+        print(describe_fixes(changes, gpu_bytes))
+    if json_path:
+        Path(json_path).write_text(json.dumps(plan.to_json(changes), indent=2) + "\n")
+        print(f"plan: {json_path}")
+    if nodes is not None:
+        print("\n# sbatch script:\n" + sbatch_script(overrides, nodes=int(nodes), devices=cfg.trainer.devices))
+    return 0 if plan.fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

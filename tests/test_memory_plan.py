@@ -1,0 +1,243 @@
+"""The per-GPU memory plan (`hacrl_lightning.memory`, `scripts/plan.py`) against what can be measured here.
+
+- Parameter counts and tensor counts equal the zoo's real models (five architectures) and the models built
+  from every shipped hub architecture (on the meta device) exactly.
+- The training state (fp32 weights, gradients, AdamW state, the KL reference) equals, byte for byte, what
+  the tiny agents hold after one real training step.
+- The logits and activation peak of one micro-batch is within 20 % of torch's CPU memory profiler: a
+  mid-size random Qwen3 with the real 151,936-token vocabulary (the logits dominate), and the same with a
+  small vocabulary (the blocks' activations dominate), with and without gradient checkpointing.
+- The refusal: on a GPU (`on_gpu`, testable without one) a run that cannot fit is refused by the preflight
+  with the table and ranked changes, and train.py stops before any model loads; bad input is a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
+
+from hacrl_lightning.cli import compose_config
+from hacrl_lightning.config import AgentConfig
+from hacrl_lightning.errors import ConfigError
+from hacrl_lightning.memory import (GIB, Architecture, UnknownArchitecture, activation_peak, arch_file,
+                                    architecture_of, memory_problems, plan_memory, run_architectures)
+
+REPO = Path(__file__).resolve().parents[1]
+ZOO = ("tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_e", "tiny_qwen3", "tiny_llama32")
+HUB_PRESETS = sorted(p.stem for p in (REPO / "agents").glob("*.yaml") if "zoo:" not in p.read_text())
+PUBLISHED = {"Qwen/Qwen3-1.7B": 1_720_574_976, "Qwen/Qwen3-4B": 4_022_468_096, "Qwen/Qwen3-8B-Base": 8_190_735_360,
+             "meta-llama/Llama-3.2-1B-Instruct": 1_235_814_400, "meta-llama/Llama-3.2-3B-Instruct": 3_212_749_824,
+             "meta-llama/Meta-Llama-3-8B-Instruct": 8_030_261_248}
+"""Parameter counts of the hub models (the model cards' 1.7B, 4.0B, 8.2B, 1.24B, 3.21B, 8.03B)."""
+SMALL = ["trainer.steps=1", "trainer.eval_every=0", "data.eval_size=2", "trainer.export_agents=false",
+         "trainer.checkpoint_every=0", "trainer.checkpoint_minutes=0", "trainer.diagnostics_every=0",
+         "data.prompts_per_step=2", "rollout.group_size=2", "trainer.mini_batch_prompts=1"]
+
+
+def count(model: torch.nn.Module) -> tuple[int, int]:
+    params = list(model.parameters())  # shared (tied) tensors once
+    return sum(p.numel() for p in params), len(params)
+
+
+@pytest.mark.parametrize("preset", ZOO)
+def test_parameter_counts_are_the_zoo_models_exactly(preset, zoo_cache):
+    arch = architecture_of(preset, AgentConfig(model=f"zoo:{preset}"), zoo_cache=zoo_cache)
+    directory = Path(arch_dir := _zoo_dir(preset, zoo_cache))
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(arch_dir))
+    assert (arch.parameters, arch.parameter_tensors) == count(model), directory
+
+
+def _zoo_dir(preset: str, zoo_cache) -> str:
+    from hacrl_lightning.agents.sources import resolve_source
+
+    return resolve_source(preset, f"zoo:{preset}", key="model", zoo_cache=zoo_cache)
+
+
+@pytest.mark.parametrize("preset", HUB_PRESETS)
+def test_every_hub_preset_has_its_architecture_offline(preset):
+    from omegaconf import OmegaConf
+
+    agent = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AgentConfig), OmegaConf.load(REPO / "agents" / f"{preset}.yaml")))
+    arch = architecture_of(preset, agent)
+    config = json.loads(arch_file(agent.model).read_text())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    assert (arch.parameters, arch.parameter_tensors) == count(model)
+    base = agent.model.removesuffix("-Base").removesuffix("-Instruct-2507")
+    if agent.model in PUBLISHED or base in PUBLISHED:
+        assert arch.parameters == PUBLISHED.get(agent.model, PUBLISHED.get(base))
+    assert agent.max_prompt_len + agent.max_response_len <= arch.max_positions
+
+
+class StateBytes(Callback):
+    """What each agent holds after the run's last update: parameters, gradients, AdamW state, KL reference."""
+
+    def on_train_end(self, trainer, pl_module):
+        nbytes = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)  # noqa: E731
+        self.result = {}
+        for k, (name, agent) in enumerate(pl_module.agents.items()):
+            params = list(agent.parameters())
+            state = pl_module.optimizers()[k].state
+            self.result[name] = {
+                "master_weights": nbytes(params),
+                "gradients": nbytes(p.grad for p in params if p.grad is not None),
+                "adamw": nbytes(t for p in params for t in state[p].values()),
+                "kl_reference": nbytes(pl_module.references[name].parameters()) if name in pl_module.references else 0,
+                "updated": all(p.grad is not None for p in params),
+            }
+
+
+def test_training_state_is_exact_after_one_real_step(tmp_path, zoo_cache):
+    from hacrl_lightning.training import train
+
+    cfg, _ = compose_config(["agents=[tiny_a,tiny_e]", *SMALL, "algorithm.kl_coef=0.001",  # tied and untied
+                             f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"])
+    record = StateBytes()
+    train(cfg, extra_callbacks=[record])
+    architectures, problems = run_architectures(cfg)
+    plan = plan_memory(cfg, architectures, 80 * GIB)
+    assert not problems and plan.world == 1
+    for agent in plan.agents:
+        measured = record.result[agent.name]
+        assert measured.pop("updated"), agent.name  # every parameter took a gradient
+        assert measured == {"master_weights": agent.master_weights, "gradients": agent.gradients,
+                            "adamw": agent.adamw, "kl_reference": agent.kl_reference}, agent.name
+        assert agent.adamw > 2 * agent.master_weights  # the moments and one fp32 step per tensor
+
+
+def profiled_peak(model, rows: int, tokens: int) -> int:
+    """The peak of the bytes allocated by one forward + backward of `Agent.token_logprobs`'s computation
+    above what was there before (torch's CPU memory profiler, every allocation and free in time order),
+    the parameters' gradients left out: the plan counts those in the training state."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, Category, MemoryProfileTimeline
+
+    from hacrl_lightning.agents.agent import gather_logprobs
+
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (rows, tokens), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+
+    def logprobs():  # Agent.forward + token_logprobs: the logits are freed when it returns
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1), use_cache=False).logits
+        return gather_logprobs(logits[:, :-1], ids[:, 1:])
+
+    logprobs().sum().backward()  # warm-up: lazy initialisations stay out of the figure
+    model.zero_grad(set_to_none=True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        logprobs().sum().backward()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device("cpu"))
+    sizes = torch.tensor(sizes, dtype=torch.float64)
+    above = sizes - sizes[0]
+    gradients = above[:, _CATEGORY_TO_INDEX[Category.GRADIENT] + 1]
+    return int((above.sum(1) - gradients).max())
+
+
+@pytest.mark.parametrize("vocab, layers, rows, tokens, checkpointing", [
+    (151_936, 2, 12, 32, False),  # the real Qwen3 vocabulary: the logits dominate (two chunks of gather_logprobs)
+    (512, 4, 4, 256, False),      # a small vocabulary: the blocks' activations dominate
+    (512, 4, 4, 256, True),
+])
+def test_activation_peak_is_within_20_percent_of_the_profiler(vocab, layers, rows, tokens, checkpointing):
+    torch.manual_seed(0)
+    config = Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=64, vocab_size=vocab, max_position_embeddings=512,
+                         tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()  # checkpointing recomputes in train mode only; Qwen3 has no dropout
+    arch = Architecture.from_config(config.to_dict())
+    planned = max(activation_peak(arch, rows, tokens, 4, checkpointed=checkpointing),
+                  2 * 4 * arch.vocab * arch.hidden)  # the tied embedding's gradient buffers (AgentMemory)
+    measured = profiled_peak(model, rows, tokens)
+    assert measured == pytest.approx(planned, rel=0.2), f"plan {planned / 2**20:.1f} MiB, profiler {measured / 2**20:.1f} MiB"
+    if vocab > 100_000:  # and the logits are most of it, so the figure does measure the logits term
+        assert activation_peak(arch, rows, tokens, 4, checkpointed=False) > 0.9 * measured
+
+
+def test_a_plan_grows_and_shards_as_the_run_does():
+    cfg, _ = compose_config(["experiment=paper_model", "rollout=vllm"])
+    architectures, _ = run_architectures(cfg)
+    eight = plan_memory(cfg, architectures, 80 * GIB)
+    cfg.trainer.num_nodes = 2
+    sixteen = plan_memory(cfg, architectures, 80 * GIB)
+    for a, b in zip(eight.agents, sixteen.agents):
+        assert b.master_weights == math.ceil(a.parameters / 16) * 4 < a.master_weights
+        assert a.kl_reference == a.master_weights  # kl_coef 0.001: one frozen fp32 copy, sharded alike
+        assert a.activations_checkpointed < a.activations
+        assert a.kv_sequences >= 1 and a.engine == int(0.3 * 80 * GIB)
+    assert sixteen.total < eight.total
+
+
+def test_on_a_gpu_a_run_that_cannot_fit_is_refused_with_ranked_changes(zoo_cache):
+    cfg, _ = compose_config(["agents=[tiny_a,tiny_e]", "trainer.gpu_memory_gib=0.004", f"zoo_cache={zoo_cache}"])
+    assert memory_problems(cfg, on_gpu=False) == []  # on CPU the plan is informational
+    [problem] = memory_problems(cfg, on_gpu=True)
+    text = str(problem)
+    assert problem.key == "memory_plan" and "does NOT fit" in text and "tiny_e" in text
+    assert "1. trainer.micro_batch_size=" in text and "GiB of 0.0" in text
+    assert "trainer.ignore_memory_plan=true" in text
+    cfg.trainer.ignore_memory_plan = True
+    assert memory_problems(cfg, on_gpu=True) == []
+    cfg.trainer.ignore_memory_plan, cfg.trainer.gpu_memory_gib = False, 80.0
+    assert memory_problems(cfg, on_gpu=True) == []
+
+
+def test_train_refuses_before_any_model_loads(script_main, capsys, monkeypatch, model_loads, tmp_path, zoo_cache):
+    import hacrl_lightning.preflight as preflight
+
+    monkeypatch.setattr(preflight, "_cuda_devices", lambda: 1)  # "a GPU": the plan runs; torch still sees none
+    status = script_main("train")(["trainer.accelerator=gpu", "trainer.gpu_memory_gib=0.004",
+                                   f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert status == 2 and model_loads == [] and not (tmp_path / "run").exists()
+    assert "memory_plan" in err and "trainer.micro_batch_size=" in err and "memory plan per GPU" in err
+
+
+def test_plan_script_json_and_its_changes_fit(script_main, capsys, tmp_path):
+    main = script_main("plan")
+    overrides = ["experiment=paper_model", "rollout=vllm"]
+    assert main([*overrides, "--json", str(tmp_path / "plan.json")]) == 1
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "qwen3_4b_base" in out and "llama3_2_3b_instruct" in out
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["fits"] is False and plan["world"] == 8 and plan["changes"]
+    assert [c["total"] for c in plan["changes"]] == sorted((c["total"] for c in plan["changes"]), reverse=True)
+    assert plan["changes"][-1]["fits"]
+    applied = [o for change in plan["changes"] for o in change["overrides"]]
+    assert main([*overrides, *applied, "--json", str(tmp_path / "fixed.json")]) == 0  # what it says, fits
+    fixed = json.loads((tmp_path / "fixed.json").read_text())
+    assert fixed["fits"] is True and fixed["bytes"]["total"] == plan["changes"][-1]["total"]
+
+
+def test_plan_script_writes_an_sbatch_script(script_main, capsys):
+    assert script_main("plan")(["experiment=paper_model", "rollout=vllm", "trainer.micro_batch_size=1",
+                                "--sbatch", "2"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "#SBATCH --nodes=2" in out and "#SBATCH --ntasks-per-node=8" in out
+    assert "srun python scripts/train.py experiment=paper_model rollout=vllm trainer.micro_batch_size=1 " \
+           "trainer.num_nodes=2 trainer.devices=8" in out
+    assert "sharded over 16" in out
+
+
+def test_an_unknown_architecture_names_the_file_to_add(script_main, capsys, tmp_path):
+    with pytest.raises(UnknownArchitecture, match=r"agents/arch/someorg/Unknown-7B\.json"):
+        architecture_of("mine", AgentConfig(model="someorg/Unknown-7B"))
+    with pytest.raises(UnknownArchitecture, match="config.json"):
+        architecture_of("mine", AgentConfig(model=str(tmp_path)))  # a local directory without config.json
+    status = script_main("plan")(["agents=[qwen3_4b,tiny_a]", "agents.qwen3_4b.model=someorg/Unknown-7B"])
+    err = capsys.readouterr().err
+    assert status == 2 and "agents.qwen3_4b.model" in err and "someorg/Unknown-7B.json" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-80", "nan"])
+def test_a_gpu_memory_that_is_not_positive_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="trainer.gpu_memory_gib"):
+        compose_config([f"trainer.gpu_memory_gib={value}"])
