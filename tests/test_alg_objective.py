@@ -137,6 +137,55 @@ def test_grpo_token_level_by_hand():
     assert metrics["clip/self_high_frac"].item() == 0.25 and metrics["clip/self_low_frac"].item() == 0.25
 
 
+def grpo_dual_clip_batch(cfg):
+    """GRPO's loss and gradient on ratios [[1, 4], [4, .5]] with A = +1 (row 0), -1 (row 1)."""
+    old = torch.full((2, 2), -1.0, dtype=D)
+    logp = (old + torch.log(torch.tensor([[1.0, 4.0], [4.0, 0.5]], dtype=D))).requires_grad_(True)
+    loss, metrics = hacpo_loss(
+        logp_new=logp, loss_mask=torch.ones(2, 2, dtype=torch.bool), advantages=torch.tensor([1.0, -1.0], dtype=D),
+        is_own=torch.tensor([True, True]), old_logp=old, **preset_loss(cfg),
+    )
+    (grad,) = torch.autograd.grad(loss, logp)
+    return loss.detach(), metrics, grad
+
+
+def test_grpo_dual_clip_by_hand():
+    # verl's default c = 3: the A < 0 token with r = 4 is held at 3·A = -3 (plain PPO: r·A = -4)
+    # terms: 1 | min(4, 1.28) = 1.28 | max(min(-4, -1.28), -3) = -3 | min(-.5, -.8) = -.8
+    loss, metrics, grad = grpo_dual_clip_batch(get_preset("grpo"))
+    assert get_preset("grpo").dual_clip_c == 3.0
+    assert loss.item() == pytest.approx(-(1 + 1.28 - 3 - 0.8) / 4)  # token-mean -> .38
+    torch.testing.assert_close(grad, torch.tensor([[-0.25, 0.0], [0.0, 0.0]], dtype=D))
+    assert metrics["clip/self_dual_frac"].item() == 0.25
+    # switched off: the r = 4 token keeps its gradient -r·A/4 = 1
+    loss, metrics, grad = grpo_dual_clip_batch(replace(get_preset("grpo"), dual_clip_c=0.0))
+    assert loss.item() == pytest.approx(-(1 + 1.28 - 4 - 0.8) / 4)  # .63
+    torch.testing.assert_close(grad, torch.tensor([[-0.25, 0.0], [1.0, 0.0]], dtype=D))
+    assert "clip/self_dual_frac" not in metrics
+
+
+def test_sequence_level_ignores_dual_clip_as_verl_gspo():
+    # verl's GSPO loss has no dual-clip: the own row with s = e^3.1 > 3 and A = -2 keeps the PPO min
+    kw = dict(means=[-1.0, 2.0, -2.0, -2.0], advantages=torch.tensor([-1.0, -2.0, -1.0, 1.0], dtype=D))
+    on = run(get_preset("hacpo"), **kw)
+    off = run(replace(get_preset("hacpo"), dual_clip_c=0.0), **kw)
+    assert on[0].item() == pytest.approx(off[0].item()) and on[2][1, 0].item() != 0.0
+    torch.testing.assert_close(on[0], off[0])
+    torch.testing.assert_close(on[2], off[2])
+
+
+@pytest.mark.parametrize("value", [1.0, 0.5, -3.0])
+def test_dual_clip_c_at_most_one_is_a_config_error(value, tmp_path):
+    from hacrl_lightning.cli import compose_config
+    from hacrl_lightning.errors import ConfigError
+    from hacrl_lightning.preflight import validate
+
+    with pytest.raises(ConfigError, match=r"algorithm.dual_clip_c.*0 or null \(off\), or a bound c > 1"):
+        validate(compose_config([f"algorithm.dual_clip_c={value}", f"run_dir={tmp_path / 'run'}"])[0])
+    for off in ("0", "null", "3"):
+        validate(compose_config([f"algorithm.dual_clip_c={off}", f"run_dir={tmp_path / 'run'}"])[0])
+
+
 def test_token_level_refuses_cross_responses():
     with pytest.raises(ValueError, match="own responses only"):
         run(get_preset("grpo"), old_logp=torch.zeros(4, 4, dtype=D))

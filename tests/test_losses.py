@@ -79,6 +79,23 @@ def test_ppo_clip_term_by_hand():
     torch.testing.assert_close(grad, t([1.0, 1.0, 0.0, 0.0, -1.0]))
 
 
+def test_dual_clip_by_hand():
+    # verl's clip_ratio_c: where A < 0 the term is max(min(r·A, clip(r)·A), c·A), c = 3
+    ratio, adv = t([0.5, 2.0, 4.0, 4.0, 1.0]), t([-1.0, -1.0, -1.0, 1.0, -2.0])
+    term = lambda r, c: ppo_clip_term(r, adv, clip_low=0.2, clip_high=0.28, dual_clip_c=c)  # noqa: E731
+    value, grad = grad_of(lambda r: term(r, 3.0), ratio)
+    # A<0: max(min(-.5, -.8), -3) = -.8 | max(-2, -3) = -2 | max(-4, -3) = -3 (held: no gradient)
+    # A>0 untouched: min(4, 1.28) = 1.28 | A=-2, r=1: max(-2, -6) = -2
+    torch.testing.assert_close(value, t([-0.8, -2.0, -3.0, 1.28, -2.0]))
+    torch.testing.assert_close(grad, t([0.0, -1.0, 0.0, 0.0, -2.0]))
+    for off in (None, 0.0):  # off: the plain PPO min, r = 4 with A < 0 unbounded
+        value, grad = grad_of(lambda r: term(r, off), ratio)
+        torch.testing.assert_close(value, t([-0.8, -2.0, -4.0, 1.28, -2.0]))
+        torch.testing.assert_close(grad, t([0.0, -1.0, -1.0, 0.0, -2.0]))
+    with pytest.raises(ValueError, match="dual_clip_c must be > 1"):
+        term(ratio, 1.0)
+
+
 def test_gspo_clip_range_is_tiny():
     # clip 3e-4 / 4e-4: s = 1.001 with A = 1 is clipped to 1.0004
     value = ppo_clip_term(t([1.001]), t([1.0]), clip_low=3e-4, clip_high=4e-4)

@@ -114,17 +114,27 @@ def cross_clip_lower(m: int, delta: float, delta_step: float) -> float:
 # --- clipped terms (objectives to maximise) ---------------------------------------------------
 
 
-def ppo_clip_term(ratio: Tensor, advantages: Tensor, *, clip_low: float, clip_high: float) -> Tensor:
-    """PPO clipped surrogate with asymmetric range:
+def ppo_clip_term(
+    ratio: Tensor, advantages: Tensor, *, clip_low: float, clip_high: float, dual_clip_c: Optional[float] = None
+) -> Tensor:
+    """PPO clipped surrogate with asymmetric range, and optionally dual-clip:
 
         term = min( r · A,  clip(r, 1 - clip_low, 1 + clip_high) · A )
+        dual-clip (A < 0 only):  term = max(term, c · A)
 
     With the sequence ratio s of Eq. 11 this is GSPO and HACPO's own-response term (paper Eqs. 47-49,
     clip 3e-4 / 4e-4); with per-token ratios and advantages broadcast over tokens ([B, T] and [B, 1])
-    it is GRPO's token-level term with DAPO's clip-higher (0.2 / 0.28). Returns ratio's shape.
+    it is GRPO's token-level term with DAPO's clip-higher (0.2 / 0.28). `dual_clip_c` (c > 1; None or
+    0: off) is verl's `clip_ratio_c` (Ye et al. 2020): where A < 0 the pessimistic min would follow a
+    ratio r > c without bound, so the term is held at c · A there, with no gradient. Returns ratio's shape.
     """
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    return torch.minimum(ratio * advantages, clipped * advantages)
+    term = torch.minimum(ratio * advantages, clipped * advantages)
+    if not dual_clip_c:
+        return term
+    if dual_clip_c <= 1.0:
+        raise ValueError(f"dual_clip_c must be > 1 (or 0/None: off), got {dual_clip_c}")
+    return torch.where(advantages < 0, torch.maximum(term, dual_clip_c * advantages), term)
 
 
 def hacpo_cross_term(

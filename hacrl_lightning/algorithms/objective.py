@@ -41,7 +41,7 @@ METRIC_NAMES = tuple(
     + [f"clip/{part}_{kind}" for part in ("self", "cross") for kind in ("low_frac", "high_frac", "frac")]
     + [f"count/{part}_{answer}" for part in ("self", "cross") for answer in ANSWERS]
     + [f"diag/{part}_nograd_frac_{answer}" for part in ("self", "cross") for answer in ANSWERS]
-    + ["rollout_is/weight_mean", "rollout_is/capped_frac"]
+    + ["rollout_is/weight_mean", "rollout_is/capped_frac", "clip/self_dual_frac"]
 )
 """Every key `hacpo_loss` may put in its metrics (a call returns the ones its batch has). A rate is a mean
 over the part's responses (`count/self` or `count/cross`), or, for `diag/{part}_nograd_frac_{answer}`,
@@ -82,6 +82,7 @@ def hacpo_loss(
     loss_scale_factor: Optional[float] = None,
     rollout_is_cap: float = 0.0,
     engine_logp: Optional[Tensor] = None,
+    dual_clip_c: Optional[float] = None,
 ) -> Tuple[Tensor, Metrics]:
     """Loss of learner k on one mini-batch (paper Eq. 53: J = J_homo + J_hete; loss = -J aggregated).
 
@@ -90,7 +91,9 @@ def hacpo_loss(
       cross, "hacpo":      clamp(s, lower_m, 1) · sg(c)^alpha · omega[j, k] · A     Eqs. 50-52
       cross, "self":       the own term with the cross ratio                        (naive)
     `ratio_level == "token"` (GRPO) uses per-token ratios with the own term and accepts own responses
-    only. The loss is `-aggregate(term)` with `loss_agg_mode`, plus `kl_coef · KL` on own responses
+    only, and with `dual_clip_c` (verl's `clip_ratio_c`) holds a token's term at c·A where A < 0 and
+    r > c (`ppo_clip_term`); as in verl, whose GSPO loss has no dual-clip, sequence-level ratios ignore
+    it. The loss is `-aggregate(term)` with `loss_agg_mode`, plus `kl_coef · KL` on own responses
     (normalised like the policy term) when kl_coef > 0. `cross_clip=False` drops the clamp
     (hacpo_no_clip); `use_omega=False` drops the omega factor (hacpo_no_omega).
 
@@ -188,8 +191,12 @@ def hacpo_loss(
             raise ValueError("ratio_level='token' needs old_logp [B, T] in the learner's tokenization")
         old_logp = torch.where(mask, old_logp.to(logp_new), torch.zeros_like(logp_new))  # [B, T]
         ratio = token_log_ratio(logp_new, old_logp).exp()  # [B, T]
-        loss_mat = ppo_clip_term(ratio, advantages[:, None], **clip)
+        loss_mat = ppo_clip_term(ratio, advantages[:, None], **clip, dual_clip_c=dual_clip_c)
         _ppo_metrics(metrics, "self", ratio, advantages[:, None].expand_as(ratio), mask & own[:, None], **clip)
+        if dual_clip_c and bool(own.any()):  # tokens the dual-clip holds at c·A (verl's pg_clipfrac_lower)
+            held = (advantages[:, None] < 0) & (ppo_clip_term(ratio.detach(), advantages[:, None], **clip)
+                                                 < dual_clip_c * advantages[:, None])  # [B, T]
+            metrics["clip/self_dual_frac"] = held[mask & own[:, None]].float().mean()
     else:
         raise ValueError(f"unknown ratio_level {ratio_level!r}: known {sorted(RATIO_LEVELS)}")
 
