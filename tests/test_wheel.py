@@ -63,11 +63,10 @@ def test_the_wheel_ships_configs_agents_and_scripts_and_runs_from_anywhere(insta
     itself (not the repo's), and `hacrl-train --cfg job` prints it."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    agents = _run([installed / "python", "-c", "from hacrl_lightning.cli import compose_config; "
-                   "print(*compose_config([])[0].agents)"], cwd=elsewhere, env=env).stdout.split()
-    assert agents == ["tiny_a", "tiny_b"]
-    where = _run([installed / "python", "-c", "import hacrl_lightning.cli as c; print(c.INSTALLED, c.CONFIG_DIR)"],
-                 cwd=elsewhere, env=env).stdout.split()
+    shown = _run([installed / "python", "-c", "import hacrl_lightning.cli as c; print(*c.compose_config([])[0].agents); "
+                  "print(c.INSTALLED, c.CONFIG_DIR)"], cwd=elsewhere, env=env).stdout.splitlines()
+    assert shown[0].split() == ["tiny_a", "tiny_b"]
+    where = shown[1].split()
     assert where[0] == "True" and Path(where[1]).is_relative_to(installed.parent) and REPO not in Path(where[1]).parents
     assert Path(where[1], "agents", "tiny_a.yaml").is_file()  # agents/ (a symlink in the repo) shipped as a group
 
