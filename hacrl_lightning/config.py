@@ -155,7 +155,8 @@ class AlgorithmConfig:
         return dict(ratio_level=self.ratio_level, clip_low=self.clip_low, clip_high=self.clip_high,
                     cross_loss=self.cross_loss, alpha=self.alpha, cross_clip=self.cross_clip,
                     use_omega=self.omega_factor, loss_agg_mode=self.loss_agg_mode, kl_coef=self.kl_coef,
-                    kl_estimator=self.kl_estimator, rollout_is_cap=self.rollout_is_cap)
+                    kl_estimator=self.kl_estimator, rollout_is_cap=self.rollout_is_cap,
+                    dual_clip_c=self.dual_clip_c)
 
     def advantage_settings(self) -> Dict[str, Any]:
         """Keyword arguments of `algorithms.compute_advantages`."""
@@ -446,6 +447,9 @@ def _check_algorithm(c: Checks, cfg: TrainConfig) -> None:
     if alg.rollout_multiplier < 1:
         c.bad("algorithm.rollout_multiplier", alg.rollout_multiplier, "an int >= 1", "use 1 (or 2 for gspo_x2)")
     c.positive("algorithm.kl_coef", alg.kl_coef, strict=False)
+    if alg.dual_clip_c is not None and not (alg.dual_clip_c == 0 or alg.dual_clip_c > 1):
+        c.bad("algorithm.dual_clip_c", alg.dual_clip_c, "0 or null (off), or a bound c > 1",
+              "set algorithm.dual_clip_c=3 as verl does, or 0 to switch dual-clip off")
     if alg.rollout_is_cap is None or not (alg.rollout_is_cap == 0 or alg.rollout_is_cap >= 1):
         c.bad("algorithm.rollout_is_cap", alg.rollout_is_cap, "0 (off) or a cap >= 1",
               "set algorithm.rollout_is_cap=0 to switch the correction off, or 2 as verl and TRL suggest")
