@@ -297,14 +297,16 @@ def _newest_loaded(location: str | os.PathLike, tries: int = 3) -> tuple[Path, d
     checkpoints as it saves new ones: one that vanished between the listing and the load is looked up again."""
     from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
 
-    for attempt in range(tries):
+    for _ in range(tries - 1):
         checkpoint = latest_checkpoint(location)
+        if Path(location) == checkpoint:  # a file given by name: no other to look up
+            break
         try:
             return checkpoint, _load_checkpoint(checkpoint)
         except FileNotFoundError:
-            if attempt == tries - 1 or Path(location) == checkpoint:
-                raise
-    raise AssertionError("unreachable")
+            continue
+    checkpoint = latest_checkpoint(location)
+    return checkpoint, _load_checkpoint(checkpoint)
 
 
 def agents_from_checkpoint(location: str | os.PathLike, *, zoo_cache: str | None = None,
