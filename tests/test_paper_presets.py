@@ -15,6 +15,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from conftest import agent_preset
 from hacrl_lightning import cli
 from hacrl_lightning.cli import compose_config, save_resolved
 from hacrl_lightning.config import TrainConfig
@@ -57,6 +58,12 @@ def test_every_paper_preset_file_is_listed_here():
     assert {p.stem for p in (REPO / "configs" / "experiment").glob("paper_*.yaml")} == set(MATRIX)
 
 
+def test_hub_agent_presets_take_verls_weight_decay():
+    # the authors' runs inherit verl's AdamW weight decay 0.01 (verl/trainer/config/optim/fsdp.yaml)
+    hub = sorted(p.stem for p in (REPO / "agents").glob("*.yaml") if not p.stem.startswith("tiny_"))
+    assert len(hub) == 9 and {name: agent_preset(name).weight_decay for name in hub} == dict.fromkeys(hub, 0.01)
+
+
 @pytest.mark.parametrize("preset", sorted(PAIRS))
 def test_paper_preset_composes_validates_and_has_table5_values(preset):
     keys, alpha, delta, delta_step = PAIRS[preset]
@@ -64,6 +71,7 @@ def test_paper_preset_composes_validates_and_has_table5_values(preset):
     assert list(cfg.agents) == keys
     for agent in cfg.agents.values():
         assert (agent.lr, agent.max_prompt_len, agent.max_response_len) == (1e-6, 1024, 4096)
+        assert agent.weight_decay == 0.01  # verl's AdamW default, inherited by the authors' runs
         assert agent.dtype == "bfloat16" and not agent.model.startswith("zoo:")
     assert (cfg.pair.alpha, cfg.pair.delta, cfg.pair.delta_step) == (alpha, delta, delta_step)
     alg = cfg.algorithm
