@@ -414,11 +414,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 def incomplete_export(directory: Path) -> str | None:
     """Why `directory` is not a whole model directory (an export cut short), or None: its `.partial` name
-    (`Agent.export` renames a complete one), or no config.json, weights or tokenizer files; in a run's
+    (`Agent.export` renames a complete one) or a `.partial` beside it (a newer export of it cut short),
+    or no config.json, weights or tokenizer files; in a run's
     `exports/`, also no `hacrl_agent.json` (written last by exports before the rename existed)."""
     if directory.name.endswith(PARTIAL_SUFFIX):
         return (f"its name ends in {PARTIAL_SUFFIX}: it is being written, or its writer was stopped before the "
                 f"rename to {directory.name.removesuffix(PARTIAL_SUFFIX)}")
+    if directory.with_name(directory.name + PARTIAL_SUFFIX).is_dir():
+        return (f"a newer export into it was cut short ({directory.name + PARTIAL_SUFFIX} is beside it), so it holds "
+                "older weights than the newest export was to write")
     missing = [f"{what} ({' or '.join(names[:2])})" for what, names in (
         ("config", ("config.json",)), ("weights", WEIGHT_FILES), ("tokenizer files", TOKENIZER_FILES))
         if not any((directory / name).is_file() for name in names)]

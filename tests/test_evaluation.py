@@ -249,6 +249,16 @@ def test_an_export_cut_short_never_looks_complete_and_resume_exports_again(tmp_p
         load_eval_agents([str(half)])
 
 
+def test_an_older_export_beside_a_newer_one_cut_short_is_refused(exports, tmp_path):
+    older = tmp_path / "exports" / "tiny_a"
+    shutil.copytree(exports["tiny_a"], older)  # complete, from an earlier step of an extended run
+    assert load_eval_agents([str(older)])[1] == {"tiny_a": str(older)}
+    (tmp_path / "exports" / "tiny_a.partial").mkdir()  # the extension's export, killed
+    with pytest.raises(AgentLoadError, match=r"incomplete export \(a newer export into it was cut short "
+                                             r"\(tiny_a.partial is beside it\)"):
+        load_eval_agents([str(older)])
+
+
 def test_an_export_replaces_the_previous_one_whole_and_refuses_a_users_directory(zoo_agents, tmp_path):
     target = tmp_path / "tiny_a"
     target.mkdir()
