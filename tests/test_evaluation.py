@@ -291,9 +291,10 @@ def test_evaluate_on_a_run_still_training_names_the_checkpoint_it_scored(tmp_pat
         still_training = training.poll() is None
     finally:
         training.send_signal(signal.SIGTERM)
-        training.communicate(timeout=300)
-    printed = capsys.readouterr().out
-    assert status == 0 and still_training
+        _, training_err = training.communicate(timeout=300)
+    printed = capsys.readouterr()
+    assert status == 0 and still_training, (printed.err + training_err)[-3000:]
+    printed = printed.out
     results = json.loads((out / "results.json").read_text())
     for name in ("tiny_a", "tiny_b"):
         info = results["agents"][name]["checkpoint"]
