@@ -1,5 +1,6 @@
 """How a configuration problem is said: `Problem` (key, value, what is allowed, how to fix it) and
-`ConfigError`, which carries every problem found at once.
+`ConfigError`, which carries every problem found at once; and how a run that stopped on a fault is said:
+`RunFailed` (what failed, the setting to change, how to continue).
 
 `Checks` collects Problems and words the common cases (a positive number, one of a list);
 `suggest` adds "did you mean" to a message about an unknown name. Every check in the package
@@ -13,7 +14,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Iterable, List
 
-__all__ = ["UNKNOWN_KEY", "Checks", "ConfigError", "Problem", "suggest"]
+__all__ = ["UNKNOWN_KEY", "Checks", "ConfigError", "Problem", "RunFailed", "suggest"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class ConfigError(ValueError):
         lines = [f"{len(self.problems)} configuration problem(s):"]
         lines += [f"  - {p}" for p in self.problems]
         super().__init__("\n".join(lines))
+
+
+class RunFailed(RuntimeError):
+    """A run stopped on a fault that its message names in full: what failed, the setting or resource to
+    change, and how to continue (the checkpoints already written are intact; `summary.json` says
+    `failed`). Not a crash: scripts print the message without a traceback and exit with status 1."""
 
 
 def suggest(name: str, valid: Iterable[str]) -> str:

@@ -12,8 +12,9 @@ plan of mini-batches (`plan.py`), trains on its slice of each, and normalises th
 global mini-batch, so an update is the one a single device would make on the whole batch
 (docs/training.md). Single-agent algorithms (grpo, gspo, gspo_x2) run the same loop with views that
 hold only the learner's own responses, so one run compares like with like. A non-finite loss or
-gradient skips that learner's update, leaving its weights and optimizer state as they were, and the
-step's metrics count degenerate rollouts (docs/reliability.md).
+gradient skips that learner's update, leaving its weights and optimizer state as they were; any other
+exception in an update ends the run naming the agent and the setting (`UpdateFailed`); the step's
+metrics count degenerate rollouts (docs/reliability.md).
 
 Metrics reach the loggers one way: `report()`, used by the module and by the callbacks, and written
 once per step. Deliberately not here: sampling, rewards and retokenization (the DataModule and
@@ -37,13 +38,39 @@ from hacrl_lightning.agents.exchange import AgentView
 from hacrl_lightning.algorithms import CapabilityWindow, compute_advantages, hacpo_loss, sequence_mean_logp, step_accuracy
 from hacrl_lightning.config import AlgorithmConfig, parse_cross_samples
 from hacrl_lightning.datamodule import StepBatch, step_seed
+from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.loss_stats import LossStats
 from hacrl_lightning.plan import StepPlan, learner_order
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(RunFailed):
     """An agent kept producing non-finite losses or gradients for more steps in a row than
     `trainer.max_nonfinite_skips` allows; its weights and optimizer state are those of its last good update."""
+
+
+class UpdateFailed(RunFailed):
+    """An agent's update raised (an optimizer overflow, out of memory, ...): the run ends naming the agent,
+    the step, the error and the setting most likely behind it."""
+
+
+def update_failed(name: str, step: int, err: Exception, agent_cfg, micro_batch_size: int, run_dir: str) -> UpdateFailed:
+    """The `UpdateFailed` for `err`, raised inside learner `name`'s update in training step `step` (0-based)."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    if isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in text.lower():
+        hint = (f"lower trainer.micro_batch_size (now {micro_batch_size}) or agents.{name}.max_response_len "
+                f"(now {agent_cfg.max_response_len})")
+    elif agent_cfg.lr >= 1:
+        hint = (f"agents.{name}.lr={agent_cfg.lr:g} is far above a usable learning rate (the shipped agents use "
+                "1e-6 to 1e-4): lower it")
+    else:
+        hint = (f"check the settings of its update: agents.{name}.lr={agent_cfg.lr:g}, "
+                f"agents.{name}.weight_decay={agent_cfg.weight_decay:g}, agents.{name}.grad_clip={agent_cfg.grad_clip:g}, "
+                f"agents.{name}.dtype={agent_cfg.dtype}")
+    return UpdateFailed(f"agent {name!r}: its update in training step {step + 1} failed ({type(err).__name__}: "
+                        f"{first}). Fix: {hint}, then start the run again (overwrite=true, or another run_dir: a resume "
+                        f"keeps the settings). Checkpoints already written are intact; resume={run_dir} continues "
+                        "from the newest if the cause has passed (memory another process held)")
 
 
 class CrossLowerBound(Protocol):
@@ -198,9 +225,15 @@ class HACRLModule(pl.LightningModule):
         every = self.settings.diagnostics_every
         grad_share = every > 0 and (step + 1) % every == 0  # the every-th step, counting from 1
         for k, name in enumerate(self.names):
-            metrics.update(self._update_learner(k, name, data.views[name], plans[name], advantages[k].flatten(),
-                                                old_mean, old_tokens[name], ref_tokens.get(name), omega,
-                                                rewards=data.rewards.flatten(), grad_share=grad_share))
+            try:
+                metrics.update(self._update_learner(k, name, data.views[name], plans[name], advantages[k].flatten(),
+                                                    old_mean, old_tokens[name], ref_tokens.get(name), omega,
+                                                    rewards=data.rewards.flatten(), grad_share=grad_share))
+            except RunFailed:
+                raise
+            except Exception as err:  # noqa: BLE001 - any fault of an update ends the run naming the agent
+                raise update_failed(name, step, err, self.agents[name].cfg, self.settings.micro_batch_size,
+                                    self.trainer.default_root_dir) from err
         metrics.update(self.loss_stats.compute({name: len(plans[name]) for name in self.names}))  # over all ranks
         self.loss_stats.reset()
         diagnostics_s = sum(metrics.pop(f"time/diagnostics/{name}", 0.0) for name in self.names)

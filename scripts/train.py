@@ -21,7 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from hacrl_lightning.cli import compose_config, parse_cli
-from hacrl_lightning.errors import ConfigError
+from hacrl_lightning.errors import ConfigError, RunFailed
 
 
 def main(argv: list[str]) -> int:
@@ -40,7 +40,6 @@ def main(argv: list[str]) -> int:
 
     from hacrl_lightning.agents.agent import AgentLoadError
     from hacrl_lightning.callbacks.interrupt import RunInterrupted
-    from hacrl_lightning.module import NonFiniteError
     from hacrl_lightning.training import train
 
     print(f"run directory: {Path(cfg.run_dir).resolve()}")
@@ -50,7 +49,7 @@ def main(argv: list[str]) -> int:
     except (ConfigError, AgentLoadError, FileNotFoundError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except NonFiniteError as err:  # a numerical fault, not a crash: the checkpoints are intact
+    except RunFailed as err:  # a fault the message names (non-finite losses, a full disk): checkpoints intact
         print(f"error: {err}", file=sys.stderr)
         return 1
     except RunInterrupted as err:

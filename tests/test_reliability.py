@@ -3,6 +3,8 @@
 - numerical faults: NaN logits injected by a forward hook on one agent (only while gradients are on,
   i.e. in its update passes) skip exactly that agent's updates, leave its weights and optimizer
   state bit-identical, let the other agent train, and stop the run after too many faulty steps;
+- an exception inside an agent's update (lr=1e38: AdamW overflows float32) ends a real `scripts/train.py`
+  with one message naming the agent and the setting, exit 1, a `failed` summary;
 - crash safety: a real `scripts/train.py` killed with SIGKILL half-way through writing a checkpoint
   (the `HACRL_CRASH_IN_CHECKPOINT` hook) leaves the previous checkpoint loadable, and
   `resume=<run dir>` picks the newest complete one and finishes the run;
@@ -31,6 +33,7 @@ from hacrl_lightning.data.synthetic import format_answer
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import NonFiniteError
 from hacrl_lightning.rewards import exact_match_reward
+from hacrl_lightning.run_dir import LOCK_NAME
 from hacrl_lightning.training import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,6 +136,22 @@ def test_repeated_nonfinite_steps_stop_the_run_with_a_clear_error(tmp_path, zoo_
               extra_callbacks=[NaNLogits("tiny_b", None), recorder])
     assert len(recorder.before) == 2 and len(recorder.after) == 1  # stopped inside step 1
     assert same(recorder.before[0]["tiny_b"], recorder.after[0]["tiny_b"])
+
+
+def test_an_exception_in_an_update_ends_the_run_naming_the_agent_and_the_setting(tmp_path, zoo_cache):
+    """lr=1e38 is finite, so the config takes it, but AdamW overflows float32 at the first update: on main a
+    RuntimeError traceback from inside torch.optim; now one message naming the agent, the step and the lr,
+    exit 1, a `failed` summary and the lock released."""
+    run = tmp_path / "run"
+    result = run_script([*SMALL, "trainer.steps=2", "agents.tiny_a.lr=1e38", f"zoo_cache={zoo_cache}", f"run_dir={run}"])
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "agent 'tiny_a'" in error and "training step 1" in error and "overflow" in error
+    assert "agents.tiny_a.lr=1e+38 is far above" in error and "overwrite=true" in error
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("UpdateFailed: agent 'tiny_a'")
+    assert summary["steps"] == 0 and not (run / LOCK_NAME).exists()
 
 
 # --- determinism --------------------------------------------------------------------------------------
