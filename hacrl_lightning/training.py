@@ -168,7 +168,8 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
                     raise
                 if not isinstance(err, RunInterrupted):
                     status, error = "failed", f"{type(err).__name__}: {err}"
-                    _write_summary(trainer, run_dir, make_summary(cfg, module, roles, {}, status=status, error=error))
+                    _write_failed_summary(trainer, run_dir, make_summary(cfg, module, roles, {}, status=status,
+                                                                         error=error))
                     raise
                 status, roles["stop"].signum = "interrupted", err.signum  # a second signal: stopped mid-step
             if roles["stop"].signum or module.steps_done < cfg.trainer.steps:
@@ -224,13 +225,26 @@ def _record_start(run_dir: Path, cfg: TrainConfig, config_yaml: str | None, *, c
 
 def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: leave no empty .tmp behind
+        raise
 
 
 def _write_summary(trainer: pl.Trainer, run_dir: Path, summary: dict[str, Any]) -> None:
     if trainer.is_global_zero:
         _write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+
+
+def _write_failed_summary(trainer: pl.Trainer, run_dir: Path, summary: dict[str, Any]) -> None:
+    """summary.json of a failed run; where it cannot be written (the disk that ended the run is full), its
+    status and reason go to stderr instead, and the run's own error is what propagates."""
+    try:
+        _write_summary(trainer, run_dir, summary)
+    except OSError as err:
+        print(f"summary.json not written ({err}): status failed: {summary['error']}", file=sys.stderr)
 
 
 def _iso(seconds: float) -> str:

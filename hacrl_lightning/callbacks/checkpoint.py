@@ -15,6 +15,14 @@ a larger `trainer.steps` can extend the run on resume), and after the step at wh
 to stop (`trainer.should_stop`: a signal, see `interrupt.py`). `resume_checkpoint` returns the newest
 checkpoint that loads, naming the ones it skipped (a file cut short by a full disk or a bad copy).
 
+A full disk ends the run cleanly (`CheckpointNotSaved`, a `RunFailed`: the run's summary says
+`failed`, the message names the filesystem, the space and `resume=`). Before each save the free space
+of the checkpoint directory is compared with the checkpoint's size (the newest one's, else the bytes of
+the weights and optimizer state; `space_shortfall`); when it is short, checkpoints the save would prune
+anyway go first (never the newest), and if that is not enough nothing is written. A write that fails
+all the same (another writer filled the disk, a quota) removes its `.partial`. Either way the older
+checkpoints stay intact and `resume=<run dir>` continues from the newest once there is space.
+
 Test hook: with `HACRL_CRASH_IN_CHECKPOINT=<step>` in the environment, the process cuts the temporary
 file of that step's checkpoint to half its size and kills itself with SIGKILL, before the rename:
 a deterministic "killed in the middle of writing" (tests/test_reliability.py).
@@ -32,10 +40,19 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback
 
-from hacrl_lightning.run_dir import run_dir_of  # noqa: F401  (part of this module's face: resume lookups)
+from hacrl_lightning.errors import RunFailed
+from hacrl_lightning.run_dir import run_dir_of
 
 CHECKPOINT_RE = re.compile(r"^step_(\d+)\.ckpt$")
 CRASH_ENV = "HACRL_CRASH_IN_CHECKPOINT"
+SPACE_MARGIN = (1.05, 1 << 20)
+"""Free space a save wants: its estimated size times the first, plus the second in bytes (the summary,
+TensorBoard events and the size of a checkpoint's own metadata beside its tensors)."""
+
+
+class CheckpointNotSaved(RunFailed):
+    """A checkpoint could not be written (too little space, or the write failed): nothing of it is left on
+    disk and the older checkpoints are intact."""
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -43,22 +60,89 @@ def checkpoint_path(directory: Path, step: int) -> Path:
 
 
 def save_atomically(trainer, path: Path) -> Path:
-    """`trainer.save_checkpoint` into `<path>.partial`, then rename (a collective: call on all ranks)."""
+    """`trainer.save_checkpoint` into `<path>.partial`, then rename (a collective: call on all ranks).
+    A write that fails on any rank (an OSError: no space, a quota, an I/O error) removes the `.partial`
+    and raises `CheckpointNotSaved` on every rank."""
     partial = path.with_name(path.name + ".partial")
     if trainer.is_global_zero and partial.exists():
-        shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
+        _remove(partial)
     trainer.strategy.barrier()
-    trainer.save_checkpoint(str(partial), weights_only=False)  # optimizers and callback states too
+    error = _attempt(lambda: trainer.save_checkpoint(str(partial), weights_only=False))  # optimizers, callbacks too
     trainer.strategy.barrier()
+    if trainer.is_global_zero and error is None:
+        error = _attempt(lambda: _fsync_tree(partial))
+    if not trainer.strategy.reduce_boolean_decision(error is None, all=True):  # every rank agrees
+        if trainer.is_global_zero:
+            _remove(partial)
+        reason = f"the write failed ({error})" if error else "another rank's write failed"
+        raise CheckpointNotSaved(not_saved_message(path, reason))
     if trainer.is_global_zero:
-        _fsync_tree(partial)
         _crash_hook(partial)
         if path.exists():
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+            _remove(path)
         os.replace(partial, path)
         _fsync_dir(path.parent)
     trainer.strategy.barrier()
     return path
+
+
+def _attempt(write) -> OSError | None:
+    """Run `write()`; the OSError it raised (None: it succeeded)."""
+    try:
+        write()
+    except OSError as err:
+        return err
+    return None
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _size(path: Path) -> int:
+    """Bytes of a checkpoint file, or of every file of a distributed checkpoint directory."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def state_bytes(trainer, pl_module) -> int:
+    """The bytes of the module's weights and buffers and of every optimizer's state: what a first checkpoint
+    holds (tensors shared by several names counted once; a sharded tensor at its global size)."""
+    tensors = {id(t): t for t in (*pl_module.parameters(), *pl_module.buffers())}
+    for optimizer in trainer.optimizers:
+        for state in optimizer.state.values():
+            tensors.update({id(v): v for v in state.values() if isinstance(v, torch.Tensor)})
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def space_shortfall(directory: Path, estimate: int) -> str | None:
+    """Why a checkpoint of about `estimate` bytes does not fit in `directory`'s filesystem (None: it does)."""
+    need = int(estimate * SPACE_MARGIN[0]) + SPACE_MARGIN[1]
+    free = shutil.disk_usage(directory).free
+    if free >= need:
+        return None
+    return f"it needs about {_mb(need)} and the filesystem holding {directory} has {_mb(free)} free"
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+def not_saved_message(path: Path, reason: str) -> str:
+    """What a checkpoint that was not saved costs and how to go on: the newest intact one and `resume=`, or,
+    where none was saved yet, a fresh start."""
+    run = run_dir_of(path)
+    match = CHECKPOINT_RE.match(path.name)
+    step = int(match.group(1)) if match else path.name
+    older = _checkpoints(path.parent) if path.parent.is_dir() else []
+    head = f"checkpoint of step {step} not saved in {path.parent}: {reason}; nothing of it is left on disk. "
+    if older:
+        return head + (f"The newest checkpoint, {older[-1].name}, is intact: free space there (or move {run} to a "
+                       f"larger disk), then continue with resume={run}")
+    return head + (f"No checkpoint was saved before it: free space there, or choose a run_dir on a larger disk, then "
+                   f"start again (overwrite=true to reuse {run})")
 
 
 def _fsync_tree(path: Path) -> None:
@@ -172,14 +256,33 @@ class StepCheckpoint(Callback):
         if step == self._saved_step:
             return
         path = checkpoint_path(self.directory, step)
+        shortfall = None
         if trainer.is_global_zero:
             self.directory.mkdir(parents=True, exist_ok=True)
+            shortfall = self._make_room(trainer, pl_module)
+        shortfall = trainer.strategy.broadcast(shortfall, src=0)  # rank zero's disk decides for all (a collective)
+        if shortfall:
+            raise CheckpointNotSaved(not_saved_message(path, shortfall))
         save_atomically(trainer, path)
         self._saved_step, self._last_save = step, time.monotonic()
         if trainer.is_global_zero:
             old = _checkpoints(self.directory)
             for stale in old[: max(0, len(old) - self.keep)]:
-                shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+                _remove(stale)
+
+    def _make_room(self, trainer, pl_module) -> str | None:
+        """Rank zero, before a save: None when the checkpoint fits (`space_shortfall`; its size estimated from
+        the newest checkpoint, else from the state's bytes), after removing, where space is short, the old
+        checkpoints this save would prune anyway (never the newest); else why it does not fit."""
+        old = _checkpoints(self.directory)
+        estimate = _size(old[-1]) if old else state_bytes(trainer, pl_module)
+        shortfall = space_shortfall(self.directory, estimate)
+        prunable = old[: max(0, min(len(old) - 1, len(old) + 1 - self.keep))]
+        if shortfall and prunable:
+            for stale in prunable:
+                _remove(stale)
+            shortfall = space_shortfall(self.directory, estimate)
+        return shortfall
 
     def _time_is_up(self, trainer) -> bool:
         """Rank zero's clock decides, so all ranks save together (the save is a collective)."""
