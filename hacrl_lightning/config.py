@@ -223,6 +223,10 @@ class DataConfig:
     in-process with no timeout (fine for exact_match; `data=math` and `data=gsm8k` set 2 for math_verify)."""
     reward_timeout_s: float = 5.0
     """Seconds one response may take to score in a worker; an overrun scores 0.0 and is counted."""
+    filter_overlong_prompts: bool = True
+    """Drop, when the run starts, every train and held-out prompt longer than some agent's `max_prompt_len`
+    in that agent's chat template (the authors' recipe: verl's `data.filter_overlong_prompts=true`); the counts
+    are printed and kept in summary.json (`prompts_dropped_overlong`). False left-truncates them instead."""
     prompts_per_step: int = 8
     """P: prompts per training step (every agent answers each one G times)."""
     eval_size: int = 128

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Sampler
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.agents.exchange import AgentView, Rollout, make_rollouts, view_for
 from hacrl_lightning.config import DataConfig, RolloutConfig
+from hacrl_lightning.data.filters import drop_overlong_prompts
 from hacrl_lightning.data.records import Example, PromptDataset
 from hacrl_lightning.evaluation import answer_rewards
 from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
@@ -156,6 +157,9 @@ class RolloutDataModule(pl.LightningDataModule):
         self.engines: dict[str, RolloutEngine] = {}
         self.train_set: PromptDataset | None = None
         self.eval_set: PromptDataset | None = None
+        self.overlong: dict[str, dict[str, int]] | None = None
+        """Prompts dropped at set-up for being longer than an agent's max_prompt_len, per split
+        (`data.filters.drop_overlong_prompts`); None when `data.filter_overlong_prompts` is off."""
         self._loader: ResumableLoader | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -165,6 +169,8 @@ class RolloutDataModule(pl.LightningDataModule):
             self.train_set = PromptDataset(exclude_unscorable(train, reward, what=f"{train.name} (train)"), name=train.name)
             self.eval_set = PromptDataset(exclude_unscorable(held_out, reward, what=f"{held_out.name} (held out)"),
                                           name=held_out.name)
+            if self.data.filter_overlong_prompts:
+                self._drop_overlong()
         if not self.engines:
             backend = self.rollout_cfg.backend
             for name, agent in self.agents.items():
@@ -174,6 +180,19 @@ class RolloutDataModule(pl.LightningDataModule):
                 if "model_dir" in options and self._world > 1:
                     options["model_dir"] = _own_copy(options["model_dir"], self._rank)
                 self.engines[name] = make_engine(backend, agent.model, **options)
+
+    def _drop_overlong(self) -> None:
+        """Drop the prompts too long for any agent from both splits, as the authors' recipe does, and say so."""
+        self.overlong = {}
+        for split, attr in (("train", "train_set"), ("held_out", "eval_set")):
+            dataset = getattr(self, attr)
+            kept, count = drop_overlong_prompts(dataset, self.agents, what=f"{dataset.name} ({split.replace('_', ' ')})")
+            setattr(self, attr, PromptDataset(kept, name=dataset.name))
+            self.overlong[split] = count
+            if self._rank == 0:
+                per_agent = ", ".join(f"{name} {count[name]}" for name in self.names)
+                print(f"data: {split.replace('_', ' ')}: dropped {count['dropped']} of {count['total']} prompts longer "
+                      f"than an agent's max_prompt_len (too long for {per_agent})", flush=True)
 
     def teardown(self, stage: str | None = None) -> None:
         self.reward_pool.close()  # no reward worker outlives the run

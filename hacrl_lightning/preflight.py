@@ -12,8 +12,9 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
 - a local data file (`data.train_files`, `data.eval_files`) that does not exist; a `resume` that
   holds no complete checkpoint;
 - each agent's tokenizer (cheap to load; a `zoo:` preset is built once and cached): it must have a
-  chat template and an EOS token, round-trip the task's texts exactly (docs/spec.md §8), fit the
-  longest sampled task prompt, in its own chat template, in `max_prompt_len`, and fit the longest
+  chat template and an EOS token, round-trip the task's texts exactly (docs/spec.md §8), fit at least
+  the shortest sampled task prompt, in its own chat template, in `max_prompt_len` (longer prompts are
+  dropped when the run starts, docs/spec.md §11), and fit the longest
   sampled answer (plus EOS) in `max_response_len`. A text longer than its limit times
   CHARS_PER_TOKEN_BOUND characters is refused by its length alone, never tokenized (the loaders
   refuse a text over `MAX_TEXT_CHARS`, naming its file and row, before that);
@@ -33,8 +34,9 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
 `validate_evaluate(cfg)` does the same for `scripts/evaluate.py` (protocol, benchmark, reward and
 backend names); `check_evaluate(cfg)` adds its device, vLLM and hub agents and benchmarks
 (`evaluate_machine_problems`). Deliberately not here: model weights (never loaded), and prompts
-beyond the sample: a rare longer prompt is left-truncated at run time and counted in the
-`<agent>/degenerate/prompt_truncated` metric (docs/reliability.md).
+beyond the sample, and the prompts the run drops for their length (`data/filters.py`; with
+`data.filter_overlong_prompts=false` they are left-truncated instead and counted in the
+`<agent>/degenerate/prompt_truncated` metric, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -443,11 +445,13 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
                                 f"tokenizer, not WordPiece: {key}.tokenizer=<hub id or dir>"))
     if problems or not prompts:
         return problems
-    prompt_len = max(len(ids) for ids in encode_text(tokenizer, render_chat_prompts(tokenizer, cfg, prompts)))
-    if prompt_len > cfg.max_prompt_len:
+    prompt_lens = [len(ids) for ids in encode_text(tokenizer, render_chat_prompts(tokenizer, cfg, prompts))]
+    if min(prompt_lens) > cfg.max_prompt_len:  # a longer prompt is dropped at load (data.filter_overlong_prompts)
         problems.append(Problem(f"{key}.max_prompt_len", cfg.max_prompt_len,
-                                f">= {prompt_len} (the longest of {len(prompts)} sampled task prompts in this "
-                                "agent's chat template)", f"set {key}.max_prompt_len={prompt_len} or more"))
+                                f">= {min(prompt_lens)} (none of {len(prompts)} sampled task prompts fits in this "
+                                "agent's chat template; prompts longer than the limit are dropped at load)",
+                                f"set {key}.max_prompt_len={min(prompt_lens)} or more for the shortest to fit, "
+                                f"{max(prompt_lens)} to keep them all"))
     answer_len = 1 + max(len(ids) for ids in encode_text(tokenizer, answers))  # + EOS
     if answer_len > cfg.max_response_len:
         problems.append(Problem(f"{key}.max_response_len", cfg.max_response_len,

@@ -169,7 +169,7 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
                 if not isinstance(err, RunInterrupted):
                     status, error = "failed", f"{type(err).__name__}: {err}"
                     _write_failed_summary(trainer, run_dir, make_summary(cfg, module, roles, {}, status=status,
-                                                                         error=error))
+                                                                         error=error, overlong=datamodule.overlong))
                     raise
                 status, roles["stop"].signum = "interrupted", err.signum  # a second signal: stopped mid-step
             if roles["stop"].signum or module.steps_done < cfg.trainer.steps:
@@ -182,7 +182,7 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
             except RunInterrupted as err:  # the training is complete and checkpointed; the exports are not
                 status, roles["stop"].signum = "interrupted", err.signum
             summary = make_summary(cfg, module, roles, exports, status=status, resumed_from=source, skipped=skipped,
-                                   changes=changes)
+                                   changes=changes, overlong=datamodule.overlong)
             _write_summary(trainer, run_dir, summary)
             return summary
         finally:
@@ -253,10 +253,11 @@ def _iso(seconds: float) -> str:
 
 def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Callback], exports: dict[str, str], *,
                  status: str, error: str | None = None, resumed_from: Path | None = None, skipped: list = (),
-                 changes: dict | None = None) -> dict[str, Any]:
+                 changes: dict | None = None, overlong: dict | None = None) -> dict[str, Any]:
     """summary.json: how the run ended, its clocks over all sessions, each agent's counters and held-out
     figures (before and after; `final` is the last evaluation, which an interrupted run may not have
-    reached), the evaluation history, and what a resume started from."""
+    reached), the evaluation history, what a resume started from, and the prompts dropped at set-up for being
+    too long for an agent (`overlong`: per split, from `RolloutDataModule.overlong`)."""
     evaluation, timer, stop = roles["evaluation"], roles["timer"], roles["stop"]
     agents = {}
     for name in module.names:
@@ -288,6 +289,7 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Call
         "resume_changes": {key: list(pair) for key, pair in (changes or {}).items()},
         "last_checkpoint": str(checkpoints) if checkpoints else None,
         "run_dir": str(Path(cfg.run_dir).resolve()),
+        "prompts_dropped_overlong": overlong,
         "agents": agents,
         "eval_history": evaluation.history,
     }
