@@ -76,8 +76,9 @@ def wait_for(proc: subprocess.Popen, text: str, seen: list[str]) -> None:
     raise AssertionError(f"no {text!r} within 240 s")
 
 
-@pytest.mark.parametrize("signum,times,code", [(signal.SIGTERM, 1, 143), (signal.SIGINT, 1, 130), (signal.SIGINT, 2, 130)],
-                         ids=["sigterm", "sigint", "sigint_twice"])
+@pytest.mark.parametrize("signum,times,code", [(signal.SIGTERM, 1, 143), (signal.SIGINT, 1, 130), (signal.SIGINT, 2, 130),
+                                               (signal.SIGHUP, 1, 129)],
+                         ids=["sigterm", "sigint", "sigint_twice", "sighup"])
 def test_a_signal_stops_the_run_with_a_checkpoint_an_interrupted_summary_and_128_plus_the_signal(
         tmp_path, zoo_cache, signum, times, code):
     run = tmp_path / "run"
@@ -101,6 +102,56 @@ def test_a_signal_stops_the_run_with_a_checkpoint_an_interrupted_summary_and_128
         assert f"resume={run}" in output
     else:  # a second signal stops at once, mid-step: nothing newer than the last periodic checkpoint (none here)
         assert summary["last_checkpoint"] is None
+    assert not (run / LOCK_NAME).exists()
+
+
+def _terminal_of_its_own() -> None:
+    """In the child (a new session, `start_new_session`): the pty on its stdin becomes its controlling
+    terminal, so closing the pty's other end hangs it up, as closing a terminal window or an ssh session does."""
+    import fcntl
+    import termios
+
+    _default_sigint()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def read_until(fd: int, text: str) -> str:
+    """Read a pty's output until it holds `text` (or fail after 240 s)."""
+    import select
+
+    seen, deadline = "", time.monotonic() + 240
+    while text not in seen:
+        assert time.monotonic() < deadline, f"no {text!r} within 240 s:\n{seen[-3000:]}"
+        if select.select([fd], [], [], 1.0)[0]:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child closed the terminal: it ended
+                chunk = b""
+            assert chunk, f"the process ended before printing {text!r}:\n{seen[-3000:]}"
+            seen += chunk.decode(errors="replace")
+    return seen
+
+
+def test_closing_the_runs_terminal_stops_it_after_the_step_with_a_checkpoint(tmp_path, zoo_cache):
+    """A real terminal (a pty, the run's controlling terminal, progress bar on) closed mid-run: the kernel
+    sends SIGHUP and fails every later write to the terminal; the run still finishes its step, checkpoints it,
+    writes an interrupted summary and releases its lock (it was killed at once, exit 129, before)."""
+    run = tmp_path / "run"
+    master, slave = os.openpty()
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *SMALL, "trainer.steps=50",
+                             f"zoo_cache={zoo_cache}", f"run_dir={run}"], stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True, preexec_fn=_terminal_of_its_own)
+    os.close(slave)
+    try:
+        read_until(master, "eval step 0")  # the initial evaluation is done: step 1 is under way
+    finally:
+        os.close(master)  # the terminal closes
+    assert proc.wait(timeout=240) == 129
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == "SIGHUP"
+    assert 1 <= summary["steps"] < 50
+    assert summary["last_checkpoint"] == str(run / "checkpoints" / f"step_{summary['steps']:07d}.ckpt")
+    assert torch.load(summary["last_checkpoint"], weights_only=False)["hacrl"]["steps_done"] == summary["steps"]
     assert not (run / LOCK_NAME).exists()
 
 

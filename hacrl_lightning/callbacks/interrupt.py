@@ -1,4 +1,5 @@
-"""Ctrl-C (SIGINT) and a scheduler's preemption (SIGTERM): finish the step, checkpoint it, stop, say so.
+"""Ctrl-C (SIGINT), a scheduler's preemption (SIGTERM) and a closed terminal or ssh session (SIGHUP):
+finish the step, checkpoint it, stop, say so.
 
 `catch_signals()` wraps a whole run (`training.train`). Before training, a signal stops the run at
 once (`RunInterrupted`: nothing is trained yet, so nothing is lost). During training the first
@@ -6,8 +7,12 @@ signal only asks `StopOnSignal` to stop: at the end of the current step every ra
 all-reduce per step, so a signal that reached only rank zero stops them all), the step is
 checkpointed (`StepCheckpoint` saves when `trainer.should_stop`), no final evaluation or export runs,
 and `train` writes `summary.json` with `"status": "interrupted"`; `scripts/train.py` then exits with
-128 + the signal number (130 for SIGINT, 143 for SIGTERM), as a shell does. A second signal stops at
-once (`RunInterrupted` from the handler): the newest checkpoint is then the last periodic one.
+128 + the signal number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP), as a shell does. A second
+signal stops at once (`RunInterrupted` from the handler): the newest checkpoint is then the last periodic one.
+A signal that was ignored when the process started stays ignored (a job started in the background keeps
+its SIGINT ignored, `nohup` its SIGHUP). On SIGHUP the standard output and error that were a terminal
+are pointed at /dev/null: a closed terminal fails every write with EIO, which would otherwise end the
+run in the middle of the step it is finishing.
 
 Lightning's own SIGTERM handling is replaced for the fit (it ends the fit with a bare `SystemExit`,
 which exits with status 0, and broadcasts from inside the signal handler); it restores ours at teardown.
@@ -24,12 +29,12 @@ from typing import Iterator, Optional
 import torch
 from lightning.pytorch import Callback
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _signals() -> tuple[int, ...]:
-    """The signals to handle: SIGINT is left alone where it was ignored when the process started (a job
-    started in the background by a shell script, by Unix convention; Python does the same)."""
+    """The signals to handle: one that was ignored when the process started is left alone (SIGINT of a job
+    started in the background by a shell script, by Unix convention, as Python does; SIGHUP under `nohup`)."""
     return tuple(s for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN)
 
 
@@ -46,6 +51,8 @@ class _Requests:
 
     signum: Optional[int] = None
     training = False
+    terminal_fds: tuple[int, ...] = ()
+    """Of stdout and stderr, those that were a terminal when the run started (a hung-up one no longer says so)."""
 
 
 _requests = _Requests()
@@ -53,22 +60,41 @@ _requests = _Requests()
 
 def _handler(signum, frame) -> None:
     name = signal.Signals(signum).name
+    if signum == signal.SIGHUP:
+        _leave_terminal()
     if _requests.signum is not None or not _requests.training:
         _requests.signum = signum
         raise RunInterrupted(signum)
     _requests.signum = signum
-    os.write(2, f"\n{name} received: finishing this step, then saving a checkpoint and stopping "
-                f"(send it again to stop at once)\n".encode())
+    try:
+        os.write(2, f"\n{name} received: finishing this step, then saving a checkpoint and stopping "
+                    f"(send it again to stop at once)\n".encode())
+    except OSError:  # stderr is gone (a closed terminal): the summary says it all the same
+        pass
+
+
+def _leave_terminal() -> None:
+    """Point the stdout and stderr that were a terminal at /dev/null (its writes fail once it is closed)."""
+    if not _requests.terminal_fds:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in _requests.terminal_fds:
+            os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    _requests.terminal_fds = ()
 
 
 @contextmanager
 def catch_signals() -> Iterator[_Requests]:
-    """Handle SIGINT/SIGTERM for the duration of a run (main thread only; elsewhere a no-op)."""
+    """Handle SIGINT/SIGTERM/SIGHUP for the duration of a run (main thread only; elsewhere a no-op)."""
     if not _is_main_thread():  # signal handlers can only be set there
         yield _requests
         return
     previous = {signum: signal.getsignal(signum) for signum in _signals()}
     _requests.signum, _requests.training = None, False
+    _requests.terminal_fds = tuple(fd for fd in (1, 2) if os.isatty(fd))
     for signum in previous:
         signal.signal(signum, _handler)
     try:
