@@ -216,8 +216,10 @@ def degenerate_rollout(monkeypatch):
 def test_degenerate_rollouts_complete_the_step_and_are_counted(tmp_path, zoo_cache, monkeypatch):
     degenerate_rollout(monkeypatch)
     recorder = Recorder()
-    # tiny_b's prompt limit is below every chat-templated prompt: all its prompts are left-truncated
-    summary = train(config(tmp_path / "run", zoo_cache, "trainer.steps=2", "agents.tiny_b.max_prompt_len=12"),
+    # tiny_b's prompt limit is below every chat-templated prompt: with the overlong filter off (it would drop
+    # them all), all its prompts are left-truncated
+    summary = train(config(tmp_path / "run", zoo_cache, "trainer.steps=2", "agents.tiny_b.max_prompt_len=12",
+                           "data.filter_overlong_prompts=false"),
                     extra_callbacks=[recorder])
     assert summary["steps"] == 2
     first, second = recorder.metrics
