@@ -155,7 +155,10 @@ def view_for(learner: Agent, rollouts: Sequence[Rollout], *, sources: Sequence[s
     names, in the order that `source_idx` indexes. `prompt_ids`: the order `prompt_idx` indexes
     (default: order of first appearance). `rows`: each rollout's index in the step's flat order
     (`row_idx`; default 0, 1, ...). Each distinct prompt is encoded once and all partner
-    responses in one batched tokenizer call.
+    responses in one batched tokenizer call. Every row's prompt, a partner's as the learner's own, is the
+    learner's chat template of the prompt text, left-truncated to `learner.max_prompt_len`: the prompts a
+    run keeps fit it (`data/filters.py`), so the recipe's larger limit for partners' rows (1,536 tokens)
+    would cut nothing less (docs/spec.md §11).
     """
     if rows is not None and len(rows) != len(rollouts):
         raise ValueError(f"view_for({learner.name!r}): {len(rows)} row indices for {len(rollouts)} rollouts")
