@@ -18,6 +18,9 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
   sampled answer (plus EOS) in `max_response_len`. A text longer than its limit times
   CHARS_PER_TOKEN_BOUND characters is refused by its length alone, never tokenized (the loaders
   refuse a text over `MAX_TEXT_CHARS`, naming its file and row, before that);
+- that each agent's prompt and response fit its model's positions (`context_problems`:
+  `max_prompt_len + max_response_len` at most the `max_position_embeddings`, or `n_positions`, of
+  its config.json; a longer one would crawl or fail mid-run);
 - that each agent's tokenizer is its model's (`_vocab_problems`): no id beyond the model's embedding
   (`vocab_size` of its config.json), and, where `tokenizer` overrides a model directory that holds a
   tokenizer of its own, the same ids as that one for the task's texts;
@@ -396,11 +399,63 @@ def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers
             problems.append(problem)
     if problems or source is None:
         return problems
+    problems = context_problems(key, model, cfg)
     tokenizer = _load_tokenizer(source, cfg)
     if tokenizer is None:
         return problems
-    return _tokenizer_problems(key, tokenizer_key, source, tokenizer, cfg, prompts, answers) or \
-        _vocab_problems(key, tokenizer_key, model, source, tokenizer, cfg, [*prompts, *answers])
+    return problems + (_tokenizer_problems(key, tokenizer_key, source, tokenizer, cfg, prompts, answers) or
+                       _vocab_problems(key, tokenizer_key, model, source, tokenizer, cfg, [*prompts, *answers]))
+
+
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+"""Where a model's config.json says how many positions it has (the first one present counts)."""
+
+
+def model_positions(config) -> Optional[tuple[int, str]]:
+    """The positions a model config allows and the key that says so (None: it names none). A RoPE scaling
+    with a `factor` (YaRN, linear, dynamic) extends them to factor x its original length, if that is more."""
+    config = getattr(config, "text_config", None) or config
+    found = next(((name, getattr(config, name)) for name in POSITION_KEYS
+                  if isinstance(getattr(config, name, None), int)), None)
+    if found is None:
+        return None
+    name, positions = found
+    scaling = getattr(config, "rope_scaling", None) or {}
+    if isinstance(scaling.get("factor"), (int, float)):
+        scaled = int(scaling["factor"] * scaling.get("original_max_position_embeddings", positions))
+        if scaled > positions:
+            return scaled, "rope_scaling.factor x original_max_position_embeddings"
+    return positions, name
+
+
+def context_problems(key: str, model: str, cfg: AgentConfig) -> List[Problem]:
+    """`max_prompt_len + max_response_len` beyond the positions of the model's config.json (no weights are
+    read): named with both numbers and the limits that fit."""
+    from transformers import AutoConfig
+
+    from hacrl_lightning.agents.sources import looks_like_path
+
+    try:
+        config = AutoConfig.from_pretrained(os.path.expanduser(model), revision=cfg.revision,
+                                            trust_remote_code=cfg.trust_remote_code,
+                                            local_files_only=not looks_like_path(model))
+    except (OSError, ValueError):
+        return []  # not cached, or not a config transformers knows: Agent.load says what to do
+    found = model_positions(config)
+    prompt, response = cfg.max_prompt_len, cfg.max_response_len
+    if found is None or prompt + response <= found[0]:
+        return []
+    positions, name = found
+    allowed = (f"max_prompt_len + max_response_len <= {positions:,} (`{name}` in the config.json of "
+               f"{cfg.model!r})")
+    if prompt < positions:
+        return [Problem(f"{key}.max_response_len", response, allowed,
+                        f"{prompt:,} + {response:,} = {prompt + response:,} positions, more than the model's "
+                        f"{positions:,}: set {key}.max_response_len={positions - prompt} or less")]
+    return [Problem(f"{key}.max_prompt_len", prompt, allowed,
+                    f"{prompt:,} + {response:,} = {prompt + response:,} positions, more than the model's "
+                    f"{positions:,}: set {key}.max_prompt_len and {key}.max_response_len to sum to {positions:,} "
+                    "or less")]
 
 
 def _overlong(key: str, field: str, limit: int, texts: Sequence[str], what: str) -> Optional[Problem]:

@@ -75,6 +75,8 @@ CASES = [
     ("override_undoes_the_ablation", ["algorithm=hacpo_alpha0", "algorithm.alpha=3"], "algorithm.alpha"),
     ("pair_value_for_a_baseline", ["agents=[tiny_a]", "algorithm=grpo", "pair.alpha=3"], "pair.alpha"),
     ("resume_without_checkpoint", ["resume={run}"], "resume"),
+    ("response_past_the_models_positions", ["agents.tiny_a.max_response_len=100000000"], "agents.tiny_a.max_response_len"),
+    ("prompt_past_the_models_positions", ["agents.tiny_b.max_prompt_len=300"], "agents.tiny_b.max_prompt_len"),
 ]
 
 
@@ -152,6 +154,22 @@ def test_prompt_limit_names_the_length_that_fits(files):
     compose_config(overrides_for([f"agents.tiny_a.max_prompt_len={needed}"], files), preflight=True)
     problems = problems_of(overrides_for([f"agents.tiny_a.max_prompt_len={needed - 1}"], files)).problems
     assert [p.key for p in problems] == ["agents.tiny_a.max_prompt_len"]
+
+
+def test_lengths_past_the_models_positions_name_both_numbers_and_a_fix_that_passes(files, tmp_path, train_main,
+                                                                                   model_loads):
+    """On main `agents.tiny_a.max_response_len=100000000` (tiny_a has 256 positions) was accepted and the run
+    crawled; now the script refuses it before any weights load, and the limit it names is the one that passes."""
+    run = tmp_path / "run"
+    result = train_main(overrides_for(["agents.tiny_a.max_response_len=100000000", "trainer.steps=1", "data.eval_size=4",
+                                       "data.prompts_per_step=4", f"run_dir={run}"], files))  # small, were it to run
+    assert_user_error(result, run, "agents.tiny_a.max_response_len: got 100000000",
+                      "max_prompt_len + max_response_len <= 256 (`max_position_embeddings` in the config.json",
+                      "96 + 100,000,000 = 100,000,096 positions", "agents.tiny_a.max_response_len=160 or less")
+    compose_config(overrides_for(["agents.tiny_a.max_response_len=160"], files), preflight=True)
+    (problem,) = problems_of(overrides_for(["agents.tiny_a.max_response_len=161"], files)).problems
+    assert problem.key == "agents.tiny_a.max_response_len" and "96 + 161 = 257" in problem.fix
+    assert model_loads == []
 
 
 # --- the real script --------------------------------------------------------------------------------
