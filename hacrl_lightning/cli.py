@@ -24,6 +24,7 @@ Deliberately not here: any check of the values
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, Sequence, get_type_hints
@@ -185,19 +186,86 @@ def _type_problem(key: str, value: Any, hint: Any) -> Problem | None:
     return None
 
 
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def hydra_value(text: str) -> str:
+    """`text` written as an override value that Hydra reads back as exactly this string: as it is when it
+    parses so, else in single quotes (Hydra's rule: a quote inside, and the backslashes before a quote or
+    at the end, escaped with a backslash). A space needs no Hydra quotes; `=`, `,`, `~`, brackets and
+    non-ASCII letters do."""
+    try:
+        (parsed,) = OverridesParser.create().parse_overrides([f"key={text}"])
+        if not parsed.is_sweep_override() and parsed.value() == text:
+            return text
+    except HydraException:
+        pass
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text) + "'"
+
+
+def shell_word(text: str) -> str:
+    """`text` as one word for a POSIX shell: as it is, in single quotes, or in double quotes around single
+    quotes (Hydra's) where the shell leaves the text alone in them; else `shlex.quote`."""
+    if shlex.quote(text) != text and "'" in text and not any(c in text for c in '"$`\\!'):
+        return f'"{text}"'
+    return shlex.quote(text)
+
+
+def shell_override(key: str, value: str) -> str:
+    """`key=value` as one shell word that Hydra reads back as `value` (printed commands: `continue with:
+    ... resume=...`): Hydra's quoting of the value (`hydra_value`), then the shell's (`shell_word`)."""
+    return shell_word(f"{key}={hydra_value(value)}")
+
+
+def _parses(override: str) -> bool:
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except HydraException:
+        return False
+    return True
+
+
+def _unparsable(override: str) -> Problem:
+    """The problem of one override Hydra cannot parse: a flag, or a value that needs quoting (how, for this value)."""
+    if override.startswith("-"):
+        if override in MULTIRUN_FLAGS:
+            return Problem("/".join(MULTIRUN_FLAGS), override, "one run per command (no Hydra sweeps)",
+                           "to run several methods, seeds or settings use scripts/compare.py "
+                           "(e.g. python scripts/compare.py methods=[grpo,hacpo] seeds=[0,1,2]; see its --help)")
+        return Problem(override, "an unknown option", "key=value overrides, --cfg job, --help",
+                       "see --help; settings are key=value (e.g. trainer.steps=10)")
+    key, eq, value = override.partition("=")
+    if not eq:
+        return Problem("overrides", override, "key=value pairs", f"write {override}=<value>")
+    return Problem(key, value, "a value Hydra can read: one without =, ',', ~, brackets or non-ASCII letters, or the "
+                   "value quoted", f"quote the value for Hydra and the argument for the shell: {shell_override(key, value)}")
+
+
+def _sweep(key: str, text: str, values: list) -> Problem:
+    """A value with a comma, which Hydra reads as a sweep over several values (a text value: perhaps a comma
+    meant as part of it, so how to quote it too)."""
+    quote = (f"; for a value that holds a comma, quote it: {shell_override(key, text)}"
+             if all(isinstance(v, str) for v in values) else "")
+    return Problem(key, text, "one value (a comma makes a Hydra sweep, which a script does not run)",
+                   f"to run several values use scripts/compare.py (e.g. seeds=[0,1,2]){quote}")
+
+
 def check_overrides(overrides: Sequence[str]) -> list[Problem]:
     """Every problem in the command-line overrides that can be seen before composing."""
     problems: list[Problem] = []
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException as err:
-        return [Problem("overrides", list(overrides), "key=value pairs", str(err).splitlines()[0])]
+    except HydraException:
+        return [_unparsable(override) for override in overrides if not _parses(override)]
     user_dirs = user_config_dirs(overrides)
     problems += [Problem("hydra.searchpath", f"file://{folder}", "an existing folder laid out as configs/",
                          f"check the path (relative to {Path.cwd()})") for folder in user_dirs if not folder.is_dir()]
     for ov in parsed:
         key = ov.key_or_group
         if key.startswith("hydra") or ov.is_add() or ov.is_delete():
+            continue
+        if ov.is_sweep_override():
+            problems.append(_sweep(key, ov.input_line.partition("=")[2], list(getattr(ov.value(), "list", []))))
             continue
         if key in GROUPS and (CONFIG_DIR / key).is_dir():
             value = ov.value()
@@ -320,6 +388,9 @@ def compose_evaluate(overrides: Sequence[str] = (), *, preflight: bool = False) 
     device, vLLM, hub agents and benchmarks; `preflight.check_evaluate`), as scripts/evaluate.py does."""
     # `files` is a free dict: files.<benchmark>=... adds a key (Hydra's `+` prefix, added for the user)
     overrides = [f"+{o}" if o.startswith("files.") else o for o in overrides]
+    unparsable = [_unparsable(override) for override in overrides if not _parses(override)]
+    if unparsable:  # a flag (-m), a value to quote: said as for training
+        raise ConfigError(unparsable)
     dcfg = _compose(CONFIG_DIR / EVALUATE_DIR, "evaluate", overrides)
     try:
         cfg = OmegaConf.to_object(dcfg)
@@ -338,16 +409,35 @@ def save_resolved(dcfg: DictConfig, run_dir: Path, name: str = "config.yaml") ->
     return path
 
 
+def wants_help(argv: Sequence[str]) -> bool:
+    return any(arg in ("-h", "--help") for arg in argv)
+
+
+def help_text(doc: str, *, groups: Sequence[str] = (), path_key: str = "run_dir") -> str:
+    """A script's `--help`: its docstring, the presets of each config group in `groups`, and the flags."""
+    lines = [doc.strip(), ""]
+    if groups:
+        lines.append("Presets (choose with <group>=<name>, e.g. algorithm=gspo_x2; agents=[a,b] picks several):")
+        lines += [f"  {group}: {', '.join(group_options(group))}" for group in groups if (CONFIG_DIR / group).is_dir()]
+        lines.append("")
+    lines += ["Every key and its value: --cfg job. A value with =, ',', ~ or non-ASCII letters: quote it for Hydra",
+              f"and the whole argument for the shell, e.g. \"{path_key}='runs/lr=1e-4,seed=0'\".",
+              "Flags: --cfg job (print the composed config and exit), -h/--help. Hydra's -m/--multirun is not",
+              "supported: scripts/compare.py runs several methods, seeds or settings."]
+    return "\n".join(lines)
+
+
 def parse_cli(argv: Sequence[str]) -> tuple[list[str], bool]:
-    """Split `--cfg job` (print the config and exit) from the Hydra overrides."""
+    """Split `--cfg job` (print the config and exit) from the Hydra overrides; any other flag stays among
+    them for `check_overrides` to refuse with its fix."""
     args = list(argv)
     show = False
     for flag in ("--cfg", "-c"):
         while flag in args:
             i = args.index(flag)
             if i + 1 >= len(args) or args[i + 1] != "job":
-                raise SystemExit(f"{flag} takes 'job' (print the composed config): {flag} job")
+                raise ConfigError([Problem(flag, args[i + 1] if i + 1 < len(args) else None, "job",
+                                           f"write {flag} job to print the composed config")])
             del args[i : i + 2]
             show = True
     return args, show
-

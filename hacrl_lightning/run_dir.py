@@ -3,9 +3,13 @@
 `claim_run_dir` is the first thing `training.train` does. It locks `<run_dir>/.lock` (an advisory
 `flock`, released by the operating system even when the process is killed, so a stale lock never
 blocks) and then refuses a directory that already holds something, unless the run resumes from it
-or the user asked for a fresh run there (`overwrite=true`, which removes the old contents, and only
-in a directory that looks like a run). If anything fails before training starts, `RunDir.abandon`
+or the user asked for a fresh run there (`overwrite=true`). A run directory is recognised by what only
+a run writes: the `.hacrl_run` marker every claim leaves (or, for a run made before the marker, a
+`run_config.json` that holds a training config). `overwrite=true` deletes only the entries a run
+writes (`RUN_ENTRIES`) and keeps any other file; a directory that is not a run's is refused
+untouched, `overwrite=true` or not. If anything fails before training starts, `RunDir.abandon`
 removes the directory again when this claim created it, so no half-made run is left behind.
+`lock_directory` is the lock alone, also taken by `scripts/compare.py` on its output directory.
 
 Only rank zero claims: under data parallelism the other ranks (which Lightning re-launches, or a
 cluster launcher starts beside it) write into the directory rank zero holds. Deliberately not here:
@@ -16,8 +20,10 @@ what is written into the directory (training, callbacks) and the config comparis
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +32,14 @@ from typing import IO, Optional
 from hacrl_lightning.errors import ConfigError, Problem
 
 LOCK_NAME = ".lock"
-RUN_MARKERS = ("run_config.json", "config.yaml", "summary.json", "checkpoints", "tensorboard")
-"""What a hacrl run directory holds; `overwrite=true` only clears a directory with one of these."""
+MARKER_NAME = ".hacrl_run"
+"""Written by every claim: the proof that a directory is a run's (a name no other tool writes)."""
+RUN_ENTRIES = (MARKER_NAME, "run_config.json", "config.yaml", "config.resumed.yaml", "summary.json", "checkpoints",
+               "tensorboard", "exports", "engine_dirs")
+"""Everything a run writes in its directory (and `<file>.tmp` while a file is written): what `overwrite=true`
+deletes, and nothing else."""
+MARKER_TEXT = ("A hacrl-lightning run directory (scripts/train.py). overwrite=true deletes only what a run writes here: "
+               + ", ".join(RUN_ENTRIES) + "; any other file is kept.\n")
 
 
 @dataclass
@@ -36,12 +48,13 @@ class RunDir:
     created: bool
     """This claim created the directory (so abandoning it removes it)."""
     lock: Optional[IO] = None
+    marked: bool = False
+    """This claim made an empty directory a run's (its marker; abandoning it removes the marker)."""
 
     def release(self) -> None:
         """Drop the lock (the run is over, whatever its outcome); the directory stays."""
         if self.lock is not None:
-            (self.path / LOCK_NAME).unlink(missing_ok=True)
-            self.lock.close()
+            unlock_directory(self.path, self.lock)
             self.lock = None
 
     def abandon(self) -> None:
@@ -49,6 +62,8 @@ class RunDir:
         self.release()
         if self.created:
             shutil.rmtree(self.path, ignore_errors=True)
+        elif self.marked:
+            (self.path / MARKER_NAME).unlink(missing_ok=True)
 
 
 def run_dir_of(checkpoint: str | os.PathLike) -> Path:
@@ -67,6 +82,59 @@ def resume_run_dir(resume: str | os.PathLike) -> Path:
     return location.parent if location.name == "checkpoints" else location
 
 
+def lock_directory(path: Path, *, key: str, what: str) -> IO:
+    """Take `<path>/.lock` (an existing directory) for this process: an advisory `flock` the operating system
+    drops when the process dies. Raises ConfigError naming `key`, the directory and the holder (its pid, since
+    when, and which script) when another process holds it; `what` words the holder in the message."""
+    lock = open(path / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise ConfigError([Problem(key, str(path), f"a directory no other {what} is using",
+                                   f"it is in use by {holder}; wait for that {what} to end, or choose another {key}")]) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')} ({Path(sys.argv[0]).name or 'python'})\n")
+    lock.flush()
+    return lock
+
+
+def unlock_directory(path: Path, lock: IO) -> None:
+    """Drop a lock `lock_directory` took (its file removed first, so no stale name is left)."""
+    (path / LOCK_NAME).unlink(missing_ok=True)
+    lock.close()
+
+
+def is_run_dir(path: Path) -> bool:
+    """`path` holds a run: the marker of a claim, or (a run made before the marker) a `run_config.json`
+    holding a training config. Generic names (`config.yaml`, `checkpoints/`) prove nothing."""
+    if (path / MARKER_NAME).is_file():
+        return True
+    try:
+        saved = json.loads((path / "run_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and {"agents", "algorithm", "trainer"} <= saved.keys()
+
+
+def run_entries(path: Path) -> tuple[list[str], list[str]]:
+    """(the entries of `path` a run wrote, the others), by name; the lock is in neither."""
+    written = set(RUN_ENTRIES) | {f"{name}.tmp" for name in RUN_ENTRIES}
+    names = sorted(p.name for p in path.iterdir() if p.name != LOCK_NAME)
+    return [n for n in names if n in written], [n for n in names if n not in written]
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+
+
+def _mark(path: Path) -> None:
+    (path / MARKER_NAME).write_text(MARKER_TEXT)
+
+
 def claim_run_dir(path: str | os.PathLike, *, resuming: bool, overwrite: bool, rank: int = 0) -> RunDir:
     """Lock `path` for this run and check that it may be written; raises ConfigError naming the fix.
 
@@ -81,34 +149,33 @@ def claim_run_dir(path: str | os.PathLike, *, resuming: bool, overwrite: bool, r
     except OSError as err:
         raise ConfigError([Problem("run_dir", str(path), "a directory this user can create and write",
                                    f"choose another run_dir ({err.strerror})")]) from None
-    lock = open(path / LOCK_NAME, "a+")
-    try:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
-        raise ConfigError([Problem("run_dir", str(path), "a directory no other run is using",
-                                   f"it is in use by {holder}; wait for that run to end, or choose another run_dir")]) from None
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    lock.flush()
+    lock = lock_directory(path, key="run_dir", what="run")
     claim = RunDir(path, created=created, lock=lock)
-    contents = sorted(p.name for p in path.iterdir() if p.name != LOCK_NAME)
-    if not contents or resuming:
+    contents = sorted(p.name for p in path.iterdir() if p.name not in (LOCK_NAME, MARKER_NAME))
+    if resuming or not contents:  # (a marker alone: a claim that ended before it wrote anything)
+        claim.marked = not contents
+        _mark(path)
         return claim
+    if not is_run_dir(path):
+        claim.release()
+        raise ConfigError([Problem("overwrite" if overwrite else "run_dir", "true" if overwrite else str(path),
+                                   "a new or empty directory, or a run's directory (one holding .hacrl_run)",
+                                   f"run_dir={path} holds other files ({_listed(contents)}), not a run; nothing was "
+                                   "changed: choose another run_dir (a new one is made)")])
+    from hacrl_lightning.cli import shell_override  # cli imports this module
+
     if not overwrite:
         claim.release()
-        shown = ", ".join(contents[:4]) + (", ..." if len(contents) > 4 else "")
         raise ConfigError([Problem("run_dir", str(path), "an empty or new directory",
-                                   f"it already holds a run ({shown}); to continue it: resume={path}; to replace it "
-                                   "(its contents are deleted): overwrite=true; or choose another run_dir")])
-    if not any(name in RUN_MARKERS for name in contents):
-        claim.release()
-        raise ConfigError([Problem("overwrite", "true", "a run_dir that holds a previous run (run_config.json, checkpoints/, ...)",
-                                   f"run_dir={path} holds other files ({', '.join(contents[:4])}); choose another run_dir")])
-    for name in contents:
+                                   f"it already holds a run ({_listed(contents)}); to continue it: "
+                                   f"{shell_override('resume', str(path))}; to replace it (the run's files are "
+                                   "deleted, any other file is kept): overwrite=true; or choose another run_dir")])
+    written, kept = run_entries(path)
+    for name in written:
         target = path / name
         shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    if kept:
+        print(f"overwrite: deleted the previous run's {_listed(written)}; kept {_listed(kept)} (not written by a run)",
+              file=sys.stderr)
+    _mark(path)
     return claim

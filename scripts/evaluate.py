@@ -27,14 +27,17 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hacrl_lightning.cli import compose_evaluate, parse_cli, save_resolved
+from hacrl_lightning.cli import compose_evaluate, help_text, parse_cli, save_resolved, wants_help
 from hacrl_lightning.config import AgentConfig
 from hacrl_lightning.errors import ConfigError
 
 
 def main(argv: list[str]) -> int:
-    overrides, show = parse_cli(argv)
+    if wants_help(argv):
+        print(help_text(__doc__, path_key="output_dir"))
+        return 0
     try:
+        overrides, show = parse_cli(argv)
         cfg, dcfg = compose_evaluate(overrides, preflight=not show)  # the device and the hub too
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -5,6 +5,7 @@
     python scripts/train.py agents.tiny_b.lr=3e-4            # per-agent override
     python scripts/train.py algorithm=gspo_x2                # a baseline
     python scripts/train.py --cfg job                        # print the composed config and exit
+    python scripts/train.py resume=runs/x                    # continue the run in runs/x from its newest checkpoint
 
 Composes and validates the configuration, files and tokenizers included, before any model is
 loaded (every problem reported at once, exit status 2; docs/reliability.md), saves
@@ -20,14 +21,17 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hacrl_lightning.cli import compose_config, parse_cli
+from hacrl_lightning.cli import GROUPS, compose_config, help_text, parse_cli, shell_override, shell_word, wants_help
 from hacrl_lightning.errors import ConfigError, RunFailed
 
 
 def main(argv: list[str]) -> int:
     started = time.time()
-    overrides, show = parse_cli(argv)
+    if wants_help(argv):
+        print(help_text(__doc__, groups=GROUPS))
+        return 0
     try:
+        overrides, show = parse_cli(argv)
         cfg, dcfg = compose_config(overrides, preflight=not show)  # files and tokenizers too, before any model
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -58,7 +62,8 @@ def main(argv: list[str]) -> int:
     if rank_zero_only.rank != 0:  # one report, not one per data-parallel rank
         return 0
     if summary["status"] == "interrupted":
-        again = [o for o in overrides if not o.startswith(("resume=", "overwrite="))] + [f"resume={summary['run_dir']}"]
+        again = [shell_word(o) for o in overrides if not o.startswith(("resume=", "overwrite="))]
+        again.append(shell_override("resume", summary["run_dir"]))  # one shell word that Hydra reads back as the path
         print(f"interrupted ({summary['signal'] or 'stopped'}) after step {summary['steps']} of "
               f"{summary['steps_wanted']}; newest checkpoint: {summary['last_checkpoint']}\n"
               f"continue with: python scripts/train.py {' '.join(again)}", file=sys.stderr)

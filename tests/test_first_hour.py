@@ -116,3 +116,39 @@ def test_evaluate_scores_the_synthetic_task_as_the_training_does(script_main, ca
         for name in ("tiny_a", "tiny_b"):
             assert results["agents"][name]["scores"]["synthetic"]["avg@1"] == summary[name][figure]["acc"], name
         assert results["agents"]["tiny_b"]["average"] > 0
+
+
+# --- messages a user can act on (issue 26) -------------------------------------------------------------
+
+
+def test_help_is_a_help_text_and_a_multirun_points_to_compare(script_main, capsys, tmp_path):
+    assert script_main("train")(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("The main job") and "resume=runs/x" in out and "scripts/compare.py" in out
+    assert "algorithm: grpo, gspo, gspo_x2" in out and "tiny_a" in out and "Lexer" not in out
+    assert script_main("evaluate")(["-h"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Evaluate agents") and "output_dir=" in out
+    for script, argv in (("train", ["-m", "seed=0,1"]), ("train", ["--multirun", "algorithm=grpo,hacpo"]),
+                         ("evaluate", ["-m", "agents=[zoo:tiny_a]"])):
+        err = refused(script_main, capsys, script, argv)
+        assert "-m/--multirun" in err and "scripts/compare.py" in err and "Lexer" not in err, err
+    err = refused(script_main, capsys, "train", ["seed=0,1"])  # a sweep without -m
+    assert "seed: got '0,1'" in err and "scripts/compare.py" in err
+
+
+@pytest.mark.parametrize("name", ["é", "lr=3e-4", "a,b"])
+def test_a_value_hydra_cannot_read_gets_the_quoted_form_to_type(script_main, capsys, tmp_path, name):
+    """`run_dir=<dir>/é` and `run_dir=<dir>/lr=3e-4` are Hydra lexer errors, `<dir>/a,b` a sweep: the fix is the
+    argument to type, quoted for Hydra and the shell, and that argument is what the user meant."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    run = tmp_path / name
+    err = refused(script_main, capsys, "train", [f"run_dir={run}", "trainer.steps=1"])
+    typed = f"\"run_dir='{run}'\""
+    assert f"run_dir: got '{run}'" in err and typed in err and "Lexer" not in err, err
+    (word,) = shlex.split(typed)
+    assert OverridesParser.create().parse_overrides([word])[0].value() == str(run)
+    assert not run.exists()

@@ -155,6 +155,27 @@ def test_closing_the_runs_terminal_stops_it_after_the_step_with_a_checkpoint(tmp
     assert not (run / LOCK_NAME).exists()
 
 
+def test_the_printed_continue_command_resumes_a_run_whose_directory_needs_quoting(tmp_path, zoo_cache):
+    """A space (the shell), `=`, `,` and a non-ASCII letter (Hydra): the `continue with:` line, pasted into a shell
+    (here: shlex.split), resumes the run to its end."""
+    import shlex
+
+    run = tmp_path / "my runs" / "lr=3e-4,é"
+    proc = start_script([*SMALL, "trainer.steps=3", f"zoo_cache={zoo_cache}", f"run_dir='{run}'"])
+    seen: list[str] = []
+    wait_for(proc, "eval step 0", seen)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 130, (''.join(seen) + out)[-3000:]
+    (line,) = [line for line in out.splitlines() if line.startswith("continue with: ")]
+    program, script, *args = shlex.split(line.removeprefix("continue with: "))
+    assert (program, script) == ("python", "scripts/train.py") and args[-1] == f"resume='{run}'"
+    resumed = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 3 and summary["sessions"] == 2
+
+
 def test_an_interrupted_run_resumes_to_the_end_and_its_clocks_add_up(tmp_path, zoo_cache):
     run = tmp_path / "run"
     proc = start_script([*SMALL, "trainer.steps=3", f"zoo_cache={zoo_cache}", f"run_dir={run}"])
@@ -199,13 +220,54 @@ def test_a_second_run_into_a_run_directory_is_refused_and_overwrite_replaces_it(
     assert any("tiny_c" in key for key in keys) and not any("tiny_b" in key for key in keys)
 
 
-def test_overwrite_only_clears_a_directory_that_holds_a_run(tmp_path, zoo_cache):
+def train_script(args: list[str]) -> subprocess.CompletedProcess:
+    """`python scripts/train.py args` to its end (a real process, as a user runs it)."""
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+
+
+def users_project(directory: Path) -> None:
+    """A user's own directory, with the generic names a run also writes (config.yaml, checkpoints/)."""
+    (directory / "src").mkdir(parents=True)
+    (directory / "src" / "main.py").write_text("print('mine')\n")
+    (directory / "notes.txt").write_text("keep me")
+    (directory / "config.yaml").write_text("lr: 0.1\n")
+    (directory / "checkpoints").mkdir()
+    (directory / "checkpoints" / "model.pt").write_bytes(b"weights of mine")
+
+
+@pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite", "plain"])
+def test_a_users_own_directory_is_refused_untouched_even_with_overwrite(tmp_path, zoo_cache, overwrite):
     own = tmp_path / "mine"
-    own.mkdir()
-    (own / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match="holds other files"):
-        train(config(own, zoo_cache, "trainer.steps=1", "overwrite=true"))
-    assert (own / "notes.txt").read_text() == "keep me"
+    users_project(own)
+    before = snapshot(own)
+    proc = train_script([*SMALL, "trainer.steps=1", f"zoo_cache={zoo_cache}", f"run_dir={own}",
+                         *(["overwrite=true"] if overwrite else [])])
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "not a run" in proc.stderr and "notes.txt" in proc.stderr
+    assert "nothing was changed" in proc.stderr and "resume=" not in proc.stderr  # no fix that cannot work
+    assert snapshot(own) == before and sorted(p.name for p in own.iterdir()) == [
+        "checkpoints", "config.yaml", "notes.txt", "src"]
+
+
+def test_overwrite_deletes_only_what_the_run_wrote_and_keeps_the_users_files(tmp_path, zoo_cache):
+    run = tmp_path / "run"
+    args = [*SMALL, "trainer.steps=1", f"zoo_cache={zoo_cache}", f"run_dir={run}"]
+    assert train_script(args).returncode == 0
+    first = (run / "run_config.json").stat().st_mtime_ns
+    (run / "notes.txt").write_text("my notes on this run")
+    (run / "analysis").mkdir()
+    (run / "analysis" / "plot.py").write_text("import this\n")
+
+    proc = train_script([*args, "agents=[tiny_a,tiny_c]", "overwrite=true"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "kept analysis, notes.txt (not written by a run)" in proc.stderr
+    assert (run / "notes.txt").read_text() == "my notes on this run"
+    assert (run / "analysis" / "plot.py").read_text() == "import this\n"
+    assert (run / "run_config.json").stat().st_mtime_ns != first
+    assert json.loads((run / "summary.json").read_text())["agents"].keys() == {"tiny_a", "tiny_c"}
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000001.ckpt"]
+    assert not any("tiny_b" in key for key in weights(run / "checkpoints" / "step_0000001.ckpt"))
 
 
 def test_a_run_directory_in_use_by_another_process_is_refused(tmp_path, zoo_cache):
