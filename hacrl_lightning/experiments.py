@@ -3,11 +3,14 @@
 An *arm* is a labelled set of training overrides (`hacpo` = `algorithm=hacpo`; `n3_cs2` = three
 agents, two partner samples per prompt; `tiny_a+tiny_c/hacpo` = that pair under HACPO, the capability-gap
 study, whose arms are compared within their pair). `plan_runs` crosses arms with seeds into `RunSpec`s, each
-with its own run directory. A run is reused only when it finished (its `summary.json` exists, written
-atomically by `training.train`) under the same resolved config: `config_hash` hashes the resolved
-config (the text a run saves as `config.yaml`) without `HASH_IGNORES`, and a spec knows the hash its
-run must have. `result_rows` turns summaries into one row per (arm, agent, seed);
-`summarize` gives mean and Student-t 95% confidence intervals over seeds; `paired_gaps` compares
+with its own run directory. A run is a result only when it finished: its `summary.json` (written
+atomically by `training.train`) says `completed` after every step it wanted, under the same resolved
+config (`config_hash` hashes the resolved config, the text a run saves as `config.yaml`, without
+`HASH_IGNORES`; a spec knows the hash its run must have). An interrupted, failed or killed run is not
+(`RunSpec.state` says which, for the console and a retry). `result_rows` turns summaries into one row
+per (arm, agent, seed), each saying how many of its arm's planned runs finished; `summarize` gives mean
+and Student-t 95% confidence intervals over seeds, and no mean (nan) for an arm with fewer finished
+runs than planned unless `allow_partial`; `paired_gaps` compares
 each arm with a reference arm seed by seed (same seed = same prompt order and initial agents), and
 `equal_rollout_gaps` does so at an equal number of rollouts generated (GSPO×2 halfway against HACPO at the end).
 
@@ -24,7 +27,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from hacrl_lightning.config import RUN_LOCATION_KEYS
 
@@ -35,8 +38,13 @@ DIAGNOSTIC_COLUMNS = ("cross_nograd_frac_correct", "cross_nograd_frac_wrong", "s
 steps; `omega_first` / `omega_mean` / `omega_last` are the means over partners of each partner's ω at the first
 step, over all steps and at the last step (ω over time). nan where the run has none."""
 RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "rollouts_generated", "responses_trained",
-                  "optimizer_updates", "wall_s", "n_agents", "steps", "step_s", *DIAGNOSTIC_COLUMNS)
-"""Columns of `results.csv`, one row per method (arm) x agent x seed."""
+                  "optimizer_updates", "wall_s", "n_agents", "steps", "step_s", *DIAGNOSTIC_COLUMNS, "arm_runs",
+                  "arm_runs_planned")
+"""Columns of `results.csv`, one row per method (arm) x agent x seed of a finished run; `arm_runs` of the
+arm's `arm_runs_planned` runs (seeds) have finished, what a mean over the arm rests on."""
+STATES = ("finished", "interrupted", "failed", "stale", "unfinished")
+"""`RunSpec.state`: finished (a result); interrupted (resumable); failed; stale (ran under another config);
+unfinished (not started, killed before its summary, or a `completed` summary short of its steps)."""
 
 HASH_IGNORES = (*RUN_LOCATION_KEYS, "trainer.progress_every")
 """Keys that do not change what a run computes or reports: where it lives, how the command started it
@@ -80,9 +88,10 @@ class RunSpec:
     config_hash: str = ""
     """The hash of the resolved config this run must have (`config_hash`); empty: not checked."""
 
-    def overrides(self, common: Sequence[str] = ()) -> list[str]:
-        """The `scripts/train.py` overrides of this run: shared ones first, then the arm's, seed, run dir."""
-        return [*common, *self.arm.overrides, f"seed={self.seed}", f"run_dir={self.run_dir}"]
+    def overrides(self, common: Sequence[str] = (), *, quote: Callable[[str], str] = str) -> list[str]:
+        """The `scripts/train.py` overrides of this run: shared ones first, then the arm's, seed, run dir
+        (written by `quote`: `cli.hydra_value`, for a path Hydra must read quoted)."""
+        return [*common, *self.arm.overrides, f"seed={self.seed}", f"run_dir={quote(str(self.run_dir))}"]
 
     @property
     def summary_path(self) -> Path:
@@ -113,10 +122,31 @@ class RunSpec:
         values = self.saved_values()
         return values is not None and config_hash(values) == self.config_hash
 
+    def read_summary(self) -> dict[str, Any] | None:
+        """The run's summary.json (None: none, or unreadable)."""
+        try:
+            summary = json.loads(self.summary_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return summary if isinstance(summary, dict) else None
+
+    @property
+    def state(self) -> str:
+        """How the run stands (`STATES`): only `finished` is a result."""
+        if self.config_path.exists() and not self.same_config:
+            return "stale"
+        summary = self.read_summary()
+        if summary is None or not self.same_config:
+            return "unfinished"
+        status = summary.get("status")
+        if status == "completed" and summary.get("steps") is not None and summary.get("steps") == summary.get("steps_wanted"):
+            return "finished"
+        return status if status in ("interrupted", "failed") else "unfinished"
+
     @property
     def done(self) -> bool:
-        """Finished under this spec's config: its results may be reused."""
-        return self.summary_path.exists() and self.same_config
+        """Completed every step it wanted under this spec's config: its results may be reused."""
+        return self.state == "finished"
 
     def summary(self) -> dict[str, Any]:
         return json.loads(self.summary_path.read_text())
@@ -206,8 +236,25 @@ def diagnostic_values(diagnostics: dict[str, Any]) -> dict[str, float]:
     return values
 
 
-def collect_rows(specs: Iterable[RunSpec]) -> list[dict[str, Any]]:
-    return [row for spec in specs if spec.done for row in result_rows(spec, spec.summary())]
+def planned_runs(specs: Iterable[RunSpec]) -> dict[str, tuple[int, int]]:
+    """Arm name -> (finished runs, planned runs)."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for spec in specs:
+        counts[spec.arm.name][0] += spec.done
+        counts[spec.arm.name][1] += 1
+    return {name: (done, planned) for name, (done, planned) in counts.items()}
+
+
+def collect_rows(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    """The rows of the finished runs, each with its arm's finished and planned run counts."""
+    counts = planned_runs(specs)
+    return [{**row, "arm_runs": counts[spec.arm.name][0], "arm_runs_planned": counts[spec.arm.name][1]}
+            for spec in specs if spec.done for row in result_rows(spec, spec.summary())]
+
+
+def complete_arms(specs: Sequence[RunSpec]) -> set[str]:
+    """The arms whose every planned run finished (the only ones a comparison shows unless `allow_partial`)."""
+    return {name for name, (done, planned) in planned_runs(specs).items() if done == planned}
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
@@ -243,21 +290,33 @@ def _by_method_agent(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], li
     return groups
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (method, agent), in first-seen order: seeds, initial acc, final acc and gain (mean, CI), costs."""
+def summarize(rows: Sequence[dict[str, Any]], *, allow_partial: bool = False) -> list[dict[str, Any]]:
+    """Per (method, agent), in first-seen order: seeds (`runs` of `planned`: the rows' `arm_runs_planned`, else
+    the rows there are), initial acc, final acc and gain (mean, CI), costs. A group with fewer runs than planned
+    has every figure nan (no mean over a part of the seeds) unless `allow_partial`."""
     table = []
     for (method, agent), group in _by_method_agent(rows).items():
+        planned = max(int(r.get("arm_runs_planned", len(group))) for r in group)
+        if len(group) < planned and not allow_partial:
+            table.append({"method": method, "agent": agent, "seeds": len(group), "runs": len(group),
+                          "planned": planned, "partial": True,
+                          **{key: math.nan for key in ("initial_acc", "final_acc", "final_ci", "gain", "gain_ci",
+                                                       *_COST_KEYS, *DIAGNOSTIC_COLUMNS)}})
+            continue
         final, final_ci = mean_ci([r["final_acc"] for r in group])
         gain, gain_ci = mean_ci([r["final_acc"] - r["initial_acc"] for r in group])
         table.append({
-            "method": method, "agent": agent, "seeds": len(group),
+            "method": method, "agent": agent, "seeds": len(group), "runs": len(group), "planned": planned,
+            "partial": len(group) < planned,
             "initial_acc": sum(r["initial_acc"] for r in group) / len(group),
             "final_acc": final, "final_ci": final_ci, "gain": gain, "gain_ci": gain_ci,
-            **{key: sum(r[key] for r in group) / len(group)
-               for key in ("rollouts_generated", "responses_trained", "optimizer_updates", "step_s", "wall_s", "n_agents")},
+            **{key: sum(r[key] for r in group) / len(group) for key in _COST_KEYS},
             **{key: _nan_mean([r.get(key, math.nan) for r in group]) for key in DIAGNOSTIC_COLUMNS},
         })
     return table
+
+
+_COST_KEYS = ("rollouts_generated", "responses_trained", "optimizer_updates", "step_s", "wall_s", "n_agents")
 
 
 def _nan_mean(values: Sequence[float]) -> float:
@@ -346,12 +405,20 @@ def markdown_report(table: Sequence[dict[str, Any]], gaps: Sequence[dict[str, An
     equal number of rollouts generated), and the diagnostics."""
     lines = [f"# {title}", "", *notes, "" if notes else "",
              "Final held-out accuracy: mean over seeds ± half-width of the 95% Student-t interval. "
-             "Gain = final − initial accuracy of the same agent, per seed. Costs are per agent per run.", "",
-             "| method | agent | seeds | initial acc | final acc | gain | rollouts generated | responses trained "
+             "Gain = final − initial accuracy of the same agent, per seed. Costs are per agent per run. Runs: "
+             "the finished runs (seeds) each mean rests on, of those planned; a run that was interrupted or "
+             "failed is no result.", "",
+             "| method | agent | runs | initial acc | final acc | gain | rollouts generated | responses trained "
              "| updates | s/step |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in table:
-        lines.append(f"| {r['method']} | {r['agent']} | {r['seeds']} | {r['initial_acc']:.3f} | "
+        runs = f"{r['runs']} of {r['planned']}"
+        if r.get("partial") and math.isnan(r["final_acc"]):
+            lines.append(f"| {r['method']} | {r['agent']} | {runs} | – | no mean: {runs} planned runs finished "
+                         "(allow_partial=true shows it) | – | – | – | – | – |")
+            continue
+        runs += " (partial)" if r.get("partial") else ""
+        lines.append(f"| {r['method']} | {r['agent']} | {runs} | {r['initial_acc']:.3f} | "
                      f"{_pm(r['final_acc'], r['final_ci'])} | {_pm(r['gain'], r['gain_ci'])} | "
                      f"{r['rollouts_generated']:.0f} | {r['responses_trained']:.0f} | {r['optimizer_updates']:.0f} | "
                      f"{r['step_s']:.2f} |")

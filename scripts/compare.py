@@ -6,22 +6,31 @@
     python scripts/compare.py study=scaling seeds=[0,1,2]        # n = 2, 3, 4 zoo agents, all vs 2 partner samples
     python scripts/compare.py study=capability methods=[gspo_x2,naive,hacpo]   # pairs close / apart in skill
     python scripts/compare.py out=runs/compare/mine jobs=2 agents=[tiny_a,tiny_c]
+    python scripts/compare.py seeds=[0,1,2] allow_partial=true   # means over finished runs if some failed
 
 Keys of this script (`CompareConfig` below) are taken from the command line; every other
 `key=value` is a training override given to each run, exactly as to `scripts/train.py`. Every run
 is composed and validated before the first one starts (all problems at once, exit status 2). Each
 run is a `scripts/train.py` subprocess in `<out>/runs/<method>/seed<k>` with its log beside it.
-Re-running the same command skips finished runs whose saved config hashes to the same resolved
-settings (any other run is re-run with `overwrite=true`) and resumes an interrupted run from its newest checkpoint, so a comparison survives interruptions. The outputs
-are rewritten from all finished runs after each run: `results.csv`, `results.md` (with each method and
-agent's diagnostics, docs/training.md#diagnostics),
-`accuracy_vs_rollouts.png`, `final_accuracy.png` (and `step_time.png` for the scaling study, `gap_vs_capability.png`
-for the capability study).
+A run is finished only when its summary says `completed` after all its steps. Re-running the same
+command skips finished runs whose saved config hashes to the same resolved settings, resumes an
+interrupted or failed run of the same settings from its newest checkpoint, and re-runs any other
+(`overwrite=true`), so a comparison survives interruptions. Ctrl-C (SIGINT), SIGTERM or SIGHUP stop
+it: each running run checkpoints and ends as interrupted, no new one starts, exit 128 + the signal.
+One compare.py at a time per output directory (a lock, `<out>/.lock`: a second is refused, exit 2).
+The outputs are rewritten from all finished runs after each run: `results.csv`, `results.md` (with
+each method and agent's diagnostics, docs/training.md#diagnostics), `accuracy_vs_rollouts.png`,
+`final_accuracy.png` (and `step_time.png` for the scaling study, `gap_vs_capability.png` for the
+capability study). Each mean says how many of its planned runs it rests on; an arm with fewer finished
+runs than planned gets no mean (`allow_partial=true`: a mean over the finished ones, marked partial),
+and compare.py exits 1 naming the runs that did not finish.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -33,8 +42,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hacrl_lightning import experiments as ex
-from hacrl_lightning.cli import SCRIPTS_DIR, WORK_DIR, compose_config
+from hacrl_lightning.cli import SCRIPTS_DIR, WORK_DIR, compose_config, hydra_value
 from hacrl_lightning.errors import ConfigError, Problem
+from hacrl_lightning.run_dir import lock_directory, unlock_directory
 
 METHODS = ["grpo", "gspo", "gspo_x2", "naive", "hacpo"]
 ABLATIONS = ["hacpo_no_adv", "hacpo_no_omega", "hacpo_alpha0", "hacpo_no_stepwise", "hacpo_no_clip"]
@@ -65,6 +75,9 @@ class CompareConfig:
     """Output directory; default runs/compare/<study>. Re-running with the same `out` resumes."""
     jobs: int = 1
     """Runs at once (each gets cores/jobs torch threads)."""
+    allow_partial: bool = False
+    """Show means over an arm's finished runs when some of its planned runs did not finish (marked partial);
+    by default such an arm gets no mean."""
 
 
 def parse_args(argv: list[str]) -> tuple[CompareConfig, list[str]]:
@@ -121,7 +134,7 @@ def check_runs(specs: list[ex.RunSpec], training: list[str]) -> tuple[list[ex.Ru
     hashed, values = [], {}
     for spec in specs:
         try:
-            _, dcfg = compose_config(spec.overrides(training))
+            _, dcfg = compose_config(spec.overrides(training, quote=hydra_value))
             values[spec.run_dir] = ex.resolved_values(OmegaConf.to_yaml(dcfg, resolve=True))  # as train.py saves it
             hashed.append(replace(spec, config_hash=ex.config_hash(values[spec.run_dir])))
         except ConfigError as err:
@@ -136,16 +149,17 @@ def check_runs(specs: list[ex.RunSpec], training: list[str]) -> tuple[list[ex.Ru
 
 
 def command(spec: ex.RunSpec, training: list[str]) -> list[str]:
-    """The `scripts/train.py` command of an unfinished run: an interrupted run of the same config resumes
-    from its newest checkpoint; any other run in its directory (another config, or failed before its first
-    checkpoint) is overwritten, its stale `summary.json` removed first so a failed re-run never reads as done."""
+    """The `scripts/train.py` command of an unfinished run: an interrupted or failed run of the same config
+    resumes from its newest checkpoint; any other run in its directory (another config, or ended before its
+    first checkpoint) is overwritten, its stale `summary.json` removed first so a failed re-run never reads as
+    done."""
     from hacrl_lightning.callbacks.checkpoint import latest_checkpoint  # Lightning: loaded once a run starts
 
-    args = spec.overrides(training)
+    args = spec.overrides(training, quote=hydra_value)
     if spec.same_config and (spec.run_dir / "checkpoints").is_dir():
         try:
             return [sys.executable, str(SCRIPTS_DIR / "train.py"), *args,
-                    f"resume={latest_checkpoint(spec.run_dir / 'checkpoints')}"]
+                    f"resume={hydra_value(str(latest_checkpoint(spec.run_dir / 'checkpoints')))}"]
         except FileNotFoundError:
             pass
     if spec.run_dir.is_dir() and any(spec.run_dir.iterdir()):
@@ -163,77 +177,134 @@ def changes(saved: dict | None, wanted: dict) -> str:
     return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
+PLOTS = ("accuracy_vs_rollouts.png", "final_accuracy.png", "step_time.png", "gap_vs_capability.png")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals that stop a comparison: each is passed on to every running run (SIGHUP as SIGTERM), which
+checkpoints and ends as `interrupted`; the next compare.py run resumes it."""
+
+
 def write_outputs(cfg: CompareConfig, specs: list[ex.RunSpec], out: Path, training: list[str]) -> dict[str, Path]:
+    """results.csv (every finished run), results.md and the plots: means only over arms whose every planned run
+    finished, unless `cfg.allow_partial` (then over the finished runs, marked partial)."""
     rows = ex.collect_rows(specs)
-    if not rows:
-        return {}
-    table = ex.summarize(rows)
+    table = ex.summarize(rows, allow_partial=cfg.allow_partial)
+    shown = {spec.arm.name for spec in specs} if cfg.allow_partial else ex.complete_arms(specs)
+    shown_rows = [row for row in rows if row["method"] in shown]
+    shown_specs = [spec for spec in specs if spec.arm.name in shown]
+    shown_table = [row for row in table if row["method"] in shown]
     reference = specs[0].arm.name if cfg.study == "scaling" else cfg.reference
-    gaps = ex.paired_gaps(rows, reference=reference)
-    equal = ex.equal_rollout_gaps(specs, reference=reference)
-    notes = [f"Command: `python scripts/compare.py {' '.join(sys.argv[1:])}`".rstrip(),
+    gaps = ex.paired_gaps(shown_rows, reference=reference)
+    equal = ex.equal_rollout_gaps(shown_specs, reference=reference)
+    unfinished = [f"{spec.arm.name} seed={spec.seed} ({spec.state})" for spec in specs if not spec.done]
+    notes = [f"Command: `{shlex.join(['python', 'scripts/compare.py', *sys.argv[1:]])}`",
              f"Finished runs: {sum(s.done for s in specs)} of {len(specs)}; seeds {cfg.seeds}; "
-             f"training overrides: {' '.join(training) or '(none)'}"]
-    paths = {"csv": ex.write_csv(rows, out / "results.csv")}
-    paths["md"] = out / "results.md"
+             f"training overrides: {shlex.join(training) or '(none)'}"]
+    if unfinished:
+        notes.append(f"Not finished (no result; the same command resumes or re-runs them): {', '.join(unfinished)}")
+    paths = {"csv": ex.write_csv(rows, out / "results.csv"), "md": out / "results.md"}
     paths["md"].write_text(ex.markdown_report(table, gaps, title=f"Comparison ({cfg.study})", notes=notes,
                                               equal_rollout=equal))
-    paths["curves"] = ex.plot_accuracy_vs_rollouts(ex.accuracy_curves(specs), out / "accuracy_vs_rollouts.png")
-    paths["bars"] = ex.plot_final_accuracy(table, out / "final_accuracy.png")
+    for name in PLOTS:  # a plot of an earlier call that this one does not draw is not left to mislead
+        (out / name).unlink(missing_ok=True)
+    if not shown_table:
+        return paths
+    paths["curves"] = ex.plot_accuracy_vs_rollouts(ex.accuracy_curves(shown_specs), out / "accuracy_vs_rollouts.png")
+    paths["bars"] = ex.plot_final_accuracy(shown_table, out / "final_accuracy.png")
     if cfg.study == "scaling":
-        paths["step_time"] = ex.plot_step_time(table, out / "step_time.png")
+        paths["step_time"] = ex.plot_step_time(shown_table, out / "step_time.png")
     if cfg.study == "capability" and gaps:
-        paths["gap"] = ex.plot_gap_vs_capability(table, gaps, out / "gap_vs_capability.png", reference=reference)
+        paths["gap"] = ex.plot_gap_vs_capability(shown_table, gaps, out / "gap_vs_capability.png", reference=reference)
     return paths
 
 
 def _describe(spec: ex.RunSpec) -> str:
+    """A finished run's accuracies and time, or how it ended and where its log is."""
+    summary = spec.read_summary() or {}
     if not spec.done:
-        return f"failed (see {spec.log_path})"
-    summary = spec.summary()
+        state = spec.state
+        if state == "interrupted":
+            return (f"interrupted at step {summary.get('steps')} of {summary.get('steps_wanted')} "
+                    f"({summary.get('signal') or 'stopped'}); the next compare.py run resumes it")
+        reason = f": {summary['error']}" if state == "failed" and summary.get("error") else ""
+        return f"{state}{reason} (see {spec.log_path}); the next compare.py run retries it"
     accs = ", ".join(f"{name} {row['initial'].get('acc', 0):.2f}->{row['final'].get('acc', 0):.2f}"
                      for name, row in summary["agents"].items())
     return f"{accs} ({summary['wall_s']:.0f} s)"
 
 
-def run_all(cfg: CompareConfig, specs: list[ex.RunSpec], training: list[str], out: Path,
-            wanted: dict[Path, dict]) -> int:
-    """Run the specs not finished under their config, `cfg.jobs` at a time, with a line per start and finish
-    (`wanted`: each run directory's resolved values, to say why a finished run is re-run)."""
-    todo = [spec for spec in specs if not spec.done]
+def _announce(specs: list[ex.RunSpec], todo: list[ex.RunSpec], out: Path, wanted: dict[Path, dict]) -> None:
+    """The plan's first lines: how many runs are reused, and why each other one is resumed or re-run."""
     print(f"{len(specs)} runs ({len(specs) - len(todo)} already finished) -> {out}")
     for spec in todo:
-        if spec.config_path.exists() and not spec.same_config:
+        state, summary = spec.state, spec.read_summary() or {}
+        if state == "stale":
             print(f"  stale  {spec.arm.name} seed={spec.seed}: ran under another config "
                   f"({changes(spec.saved_values(), wanted[spec.run_dir])}); re-running it from the start")
+        elif state in ("interrupted", "failed"):
+            print(f"  retry  {spec.arm.name} seed={spec.seed}: {state} at step {summary.get('steps')} of "
+                  f"{summary.get('steps_wanted')}; resuming from its newest checkpoint, or re-running it without one")
+
+
+class Stop:
+    """While in use: SIGINT, SIGTERM and SIGHUP are caught (an ignored one stays ignored) and passed on to each
+    running run; `signum` is the first one caught (None: none)."""
+
+    def __init__(self, running: list[tuple[ex.RunSpec, subprocess.Popen, Any]]):
+        self.running, self.signum, self.previous = running, None, {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = self.signum or signum
+        for _, proc, _ in self.running:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    def __enter__(self) -> "Stop":
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def run_all(cfg: CompareConfig, specs: list[ex.RunSpec], training: list[str], out: Path,
+            wanted: dict[Path, dict]) -> int | None:
+    """Run the specs not finished under their config, `cfg.jobs` at a time, with a line per start and finish
+    (`wanted`: each run directory's resolved values, to say why a finished run is re-run). Each run is in its
+    own process group, so a terminal's Ctrl-C reaches it once, from here. Returns the signal that stopped the
+    comparison (None: every run ended): no run starts after it, and the running ones checkpoint and end."""
+    todo = [spec for spec in specs if not spec.done]
+    _announce(specs, todo, out, wanted)
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // cfg.jobs)))
     running: list[tuple[ex.RunSpec, subprocess.Popen, Any]] = []
-    started, finished, failed = time.perf_counter(), 0, 0
-    while todo or running:
-        while todo and len(running) < cfg.jobs:
-            spec = todo.pop(0)
-            args = command(spec, training)
-            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = spec.log_path.open("a")
-            log.write(f"$ {' '.join(args)}\n")
-            log.flush()
-            running.append((spec, subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=WORK_DIR),
-                            log))
-            print(f"  start  {spec.arm.name} seed={spec.seed}", flush=True)
-        time.sleep(0.5)
-        for item in [item for item in running if item[1].poll() is not None]:
-            spec, proc, log = item
-            running.remove(item)
-            log.close()
-            finished += 1
-            failed += proc.returncode != 0
-            elapsed = time.perf_counter() - started
-            left = len(todo) + len(running)
-            eta = elapsed / finished * left
-            print(f"  [{finished}/{finished + left}] {spec.arm.name} seed={spec.seed}: {_describe(spec)} | "
-                  f"elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left", flush=True)
-            write_outputs(cfg, specs, out, training)
-    return failed
+    started, finished = time.perf_counter(), 0
+    with Stop(running) as stop:
+        while running or (todo and not stop.signum):
+            while todo and len(running) < cfg.jobs and not stop.signum:
+                spec = todo.pop(0)
+                args = command(spec, training)
+                spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+                log = spec.log_path.open("a")
+                log.write(f"$ {shlex.join(args)}\n")
+                log.flush()
+                running.append((spec, subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                       cwd=WORK_DIR, process_group=0), log))
+                print(f"  start  {spec.arm.name} seed={spec.seed}", flush=True)
+            time.sleep(0.5)
+            for item in [item for item in running if item[1].poll() is not None]:
+                spec, proc, log = item
+                running.remove(item)
+                log.close()
+                finished += 1
+                elapsed = time.perf_counter() - started
+                left = len(todo) + len(running)
+                eta = elapsed / finished * left
+                print(f"  [{finished}/{finished + left}] {spec.arm.name} seed={spec.seed}: {_describe(spec)} | "
+                      f"elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left", flush=True)
+                write_outputs(cfg, specs, out, training)
+    return stop.signum
 
 
 def main(argv: list[str]) -> int:
@@ -244,17 +315,39 @@ def main(argv: list[str]) -> int:
         cfg, training = parse_args(argv)
         arms, out = plan(cfg)
         specs, wanted = check_runs(ex.plan_runs(arms, cfg.seeds, out), training)
+        out.mkdir(parents=True, exist_ok=True)
+        lock = lock_directory(out, key="out", what="comparison")  # one compare.py per output directory
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    failed = run_all(cfg, specs, training, out, wanted)
+    try:
+        return _run(cfg, specs, training, out, wanted, again=shlex.join(["python", "scripts/compare.py", *argv]))
+    finally:
+        unlock_directory(out, lock)
+
+
+def _run(cfg: CompareConfig, specs: list[ex.RunSpec], training: list[str], out: Path, wanted: dict[Path, dict], *,
+         again: str) -> int:
+    """Run, write the outputs and say how it ended (`again`: this command, to print): 0 (every planned run
+    finished), 1 (some did not), 128 + the signal that stopped it."""
+    signum = run_all(cfg, specs, training, out, wanted)
     paths = write_outputs(cfg, specs, out, training)
-    if paths:
-        print((out / "results.md").read_text())
-        print("outputs: " + ", ".join(str(p) for p in paths.values()))
-    if failed:
-        print(f"error: {failed} run(s) failed; their logs are <out>/runs/<method>/seed<k>.log. Re-run the same command "
-              "to retry them (finished runs are kept).", file=sys.stderr)
+    unfinished = [spec for spec in specs if not spec.done]
+    if signum:
+        print(f"compare.py: stopped by {signal.Signals(signum).name}; {len(unfinished)} of {len(specs)} runs not "
+              f"finished (each running one checkpointed and ended as interrupted). The same command resumes them: "
+              f"{again}", file=sys.stderr)
+        return 128 + signum
+    print((out / "results.md").read_text())
+    print("outputs: " + ", ".join(str(p) for p in paths.values()))
+    if unfinished:
+        partial = sorted({spec.arm.name for spec in unfinished})
+        shown = "shows their means over the finished runs, marked partial" if cfg.allow_partial else (
+            "shows no mean for them (allow_partial=true shows means over the finished runs)")
+        print(f"error: {len(unfinished)} of {len(specs)} planned runs did not finish: "
+              f"{', '.join(f'{s.arm.name} seed={s.seed} ({s.state}, log {s.log_path})' for s in unfinished)}. "
+              f"results.md {shown} for {', '.join(partial)}. Re-run the same command to resume or retry them "
+              f"(finished runs are kept): {again}", file=sys.stderr)
         return 1
     return 0
 

@@ -4,10 +4,13 @@ reuse only under the same resolved config."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,7 +155,7 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
         assert float(hacpo["omega_mean"]) > 0
 
     report = (out / "results.md").read_text()
-    assert "| hacpo | tiny_b | 2 |" in report and "## hacpo minus each method" in report
+    assert "| hacpo | tiny_b | 2 of 2 |" in report and "## hacpo minus each method" in report
     assert "## Diagnostics" in report and "| cross grad share |" in report
     for name in ("accuracy_vs_rollouts.png", "final_accuracy.png"):
         with Image.open(out / name) as image:
@@ -221,11 +224,10 @@ def test_capability_arms_are_pairs_times_methods_and_gaps_stay_within_a_pair():
 
 
 def _finished(run_dir: Path, history: list[tuple[int, float]]) -> None:
-    """A run directory holding a summary.json whose eval_history is (rollouts generated, accuracy) of agent x."""
-    import json
-
+    """A run directory holding a completed run's summary.json whose eval_history is (rollouts generated, accuracy)
+    of agent x."""
     run_dir.mkdir(parents=True)
-    (run_dir / "summary.json").write_text(json.dumps({"eval_history": [
+    (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "steps": 2, "steps_wanted": 2, "eval_history": [
         {"rollouts_generated": {"x": rollouts}, "scores": {"x": {"acc": acc}}} for rollouts, acc in history]}))
 
 
@@ -258,7 +260,7 @@ def test_quick_capability_study_compares_within_pairs_and_reruns_only_changed_ar
         (f"tiny_a+{p}/{m}", a) for p in ("tiny_b", "tiny_c") for m in ("gspo_x2", "hacpo") for a in ("tiny_a", p))
     report = (out / "results.md").read_text()
     assert "## each pair's hacpo minus each method (final" in report
-    assert "| tiny_a+tiny_c/hacpo | tiny_a+tiny_c/gspo_x2 | tiny_c | 1 |" in report
+    assert "| tiny_a+tiny_c/hacpo | tiny_a+tiny_c/gspo_x2 | tiny_c | 1 |" in report and "| 1 of 1 |" in report
     # GSPO×2 generates 32 rollouts per agent in step 1, as many as HACPO in its 2 steps: compared there too
     assert "minus each method at an equal number of rollouts generated" in report
     assert "| tiny_a+tiny_b/hacpo | tiny_a+tiny_b/gspo_x2 | tiny_b | 1 |" in report.split("equal number")[1]
@@ -281,3 +283,106 @@ def test_quick_capability_study_compares_within_pairs_and_reruns_only_changed_ar
     assert "3 runs (2 already finished)" in console
     assert [line.split()[1] for line in console.splitlines() if line.startswith("  start")] == ["tiny_a+tiny_b/naive"]
     assert kept.stat().st_mtime_ns == stamp
+
+
+# --- interrupted, failed and partial runs; one compare.py per output directory (issue 26) -------------------
+
+
+def test_a_mean_over_fewer_runs_than_planned_is_not_shown_unless_allowed():
+    rows = [{**_row("hacpo", "a", 0, 0.2, 0.5), "arm_runs": 2, "arm_runs_planned": 2},
+            {**_row("hacpo", "a", 1, 0.2, 0.7), "arm_runs": 2, "arm_runs_planned": 2},
+            {**_row("gspo", "a", 0, 0.2, 0.4), "arm_runs": 1, "arm_runs_planned": 2}]
+    table = {r["method"]: r for r in ex.summarize(rows)}
+    assert (table["hacpo"]["runs"], table["hacpo"]["planned"], table["hacpo"]["partial"]) == (2, 2, False)
+    assert table["hacpo"]["final_acc"] == pytest.approx(0.6)
+    assert table["gspo"]["partial"] and math.isnan(table["gspo"]["final_acc"]) and math.isnan(table["gspo"]["gain"])
+    report = ex.markdown_report(list(table.values()), [], title="t")
+    assert "| hacpo | a | 2 of 2 | 0.200 |" in report
+    assert "| gspo | a | 1 of 2 | – | no mean: 1 of 2 planned runs finished (allow_partial=true shows it) |" in report
+    allowed = {r["method"]: r for r in ex.summarize(rows, allow_partial=True)}
+    assert allowed["gspo"]["final_acc"] == pytest.approx(0.4) and allowed["gspo"]["partial"]
+    assert "| gspo | a | 1 of 2 (partial) | 0.200 | 0.400 |" in ex.markdown_report(list(allowed.values()), [], title="t")
+
+
+def _start_compare(args: list[str], zoo_cache: Path) -> subprocess.Popen:
+    """`python scripts/compare.py args` in the background, with SIGINT at its default (see
+    tests/test_run_lifecycle.py: a suite started in the background inherits it ignored)."""
+    env = dict(os.environ, HACRL_ZOO_CACHE=str(zoo_cache))
+    return subprocess.Popen([sys.executable, str(REPO / "scripts" / "compare.py"), *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _wait_for_file_text(path: Path, text: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 240
+    while not (path.exists() and text in path.read_text()):
+        assert proc.poll() is None, f"compare.py ended before {path} said {text!r}"
+        assert time.monotonic() < deadline, f"{path} did not say {text!r} within 240 s"
+        time.sleep(0.1)
+
+
+ONE_RUN = ["methods=[grpo]", "seeds=[0]", "trainer.steps=3", "data.eval_size=4", "data.prompts_per_step=4",
+           "trainer.mini_batch_prompts=2", "rollout.group_size=2", "trainer.micro_batch_size=8",
+           "trainer.export_agents=false", "trainer.diagnostics_every=0"]
+
+
+def test_ctrl_c_stops_a_comparison_that_owns_its_directory_and_the_next_one_resumes_the_run(
+        tmp_path, zoo_cache, script_main, capsys):
+    out = tmp_path / "cmp"
+    args = [*ONE_RUN, f"out={out}"]
+    ensure_built("tiny_a", cache_dir=zoo_cache), ensure_built("tiny_b", cache_dir=zoo_cache)
+    first = _start_compare(args, zoo_cache)
+    log, run = out / "runs" / "grpo" / "seed0.log", out / "runs" / "grpo" / "seed0"
+    try:
+        _wait_for_file_text(log, "$ ", first)
+        # a second compare.py on the same output directory: refused, naming the holder, writing nothing
+        assert script_main("compare")(args) == 2
+        err = capsys.readouterr().err
+        assert f"out: got {str(out)!r}" in err and f"in use by pid {first.pid}" in err and "compare.py" in err
+        _wait_for_file_text(log, "eval step 0", first)
+        first.send_signal(signal.SIGINT)  # as Ctrl-C in a terminal, to compare.py alone
+        stdout, stderr = first.communicate(timeout=240)
+    finally:
+        first.kill()
+    assert first.returncode == 130, stdout[-2000:] + stderr[-3000:]
+    assert "Traceback" not in stdout + stderr and "KeyboardInterrupt" not in stdout + stderr
+    assert "stopped by SIGINT" in stderr and "The same command resumes them" in stderr
+    assert log.read_text().count("$ ") == 1  # only the first compare.py started a run
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 1 <= summary["steps"] < 3
+    assert "grpo seed=0 (interrupted)" in (out / "results.md").read_text()
+    assert not (out / ".lock").exists()
+
+    # the same command again resumes the interrupted run from its checkpoint (not "already finished")
+    assert script_main("compare")(args) == 0
+    console = capsys.readouterr().out
+    assert "1 runs (0 already finished)" in console
+    assert f"retry  grpo seed=0: interrupted at step {summary['steps']} of 3" in console
+    assert log.read_text().split("$ ")[-1].split("\n")[0].endswith(f"resume={summary['last_checkpoint']}")
+    resumed = json.loads((run / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["steps"] == 3 and resumed["sessions"] == 2
+    with (out / "results.csv").open() as handle:
+        assert {(r["steps"], r["arm_runs"], r["arm_runs_planned"]) for r in csv.DictReader(handle)} == {("3", "1", "1")}
+    assert "| grpo | tiny_a | 1 of 1 |" in (out / "results.md").read_text()
+
+
+def test_a_failed_run_is_no_result_and_the_next_comparison_retries_it(tmp_path, zoo_cache, script_main, capsys):
+    """lr=1e38 (finite, far too large) fails inside the first update: a `failed` summary. The output directory's
+    name holds a space, `=` and `,` (Hydra needs the run directories quoted)."""
+    out = tmp_path / "cmp lr=1e38,grpo"
+    args = [*ONE_RUN, "trainer.steps=1", "agents.tiny_a.lr=1e38", f"out={out}"]
+    ensure_built("tiny_a", cache_dir=zoo_cache), ensure_built("tiny_b", cache_dir=zoo_cache)
+    for attempt in range(2):
+        assert script_main("compare")(args) == 1
+        captured = capsys.readouterr()
+        summary = json.loads((out / "runs" / "grpo" / "seed0" / "summary.json").read_text())
+        assert summary["status"] == "failed", summary
+        assert "1 runs (0 already finished)" in captured.out  # the second time: retried, not reused
+        assert ("retry  grpo seed=0: failed" in captured.out) == (attempt == 1)
+        assert "grpo seed=0: failed" in captured.out and "0.38->" not in captured.out
+        assert "1 of 1 planned runs did not finish: grpo seed=0 (failed" in captured.err
+        assert "allow_partial=true" in captured.err
+        with (out / "results.csv").open() as handle:
+            assert list(csv.DictReader(handle)) == []  # a failed run is no row
+        assert "Finished runs: 0 of 1" in (out / "results.md").read_text()
+        assert not (out / "final_accuracy.png").exists()
