@@ -138,8 +138,8 @@ class RunSpec:
         summary = self.read_summary()
         if summary is None or not self.same_config:
             return "unfinished"
-        status = summary.get("status")
-        if status == "completed" and summary.get("steps") is not None and summary.get("steps") == summary.get("steps_wanted"):
+        status, steps = summary.get("status"), summary.get("steps")
+        if status == "completed" and steps is not None and steps == summary.get("steps_wanted"):
             return "finished"
         return status if status in ("interrupted", "failed") else "unfinished"
 

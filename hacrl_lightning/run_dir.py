@@ -38,8 +38,8 @@ RUN_ENTRIES = (MARKER_NAME, "run_config.json", "config.yaml", "config.resumed.ya
                "tensorboard", "exports", "engine_dirs")
 """Everything a run writes in its directory (and `<file>.tmp` while a file is written): what `overwrite=true`
 deletes, and nothing else."""
-MARKER_TEXT = ("A hacrl-lightning run directory (scripts/train.py). overwrite=true deletes only what a run writes here: "
-               + ", ".join(RUN_ENTRIES) + "; any other file is kept.\n")
+MARKER_TEXT = ("A hacrl-lightning run directory (scripts/train.py). overwrite=true deletes only what a run "
+               f"writes here: {', '.join(RUN_ENTRIES)}; any other file is kept.\n")
 
 
 @dataclass
