@@ -43,6 +43,7 @@ from hacrl_lightning.config import AgentConfig, EvaluateConfig, TrainConfig
 from hacrl_lightning.errors import UNKNOWN_KEY, ConfigError, Problem, suggest
 from hacrl_lightning.preflight import check_evaluate, check_run, pure_problems, validate, validate_evaluate
 from hacrl_lightning.presets import composition_problems, resolve_algorithm
+from hacrl_lightning import run_dir as run_dir_module
 from hacrl_lightning.run_dir import resume_run_dir
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -215,6 +216,9 @@ def shell_override(key: str, value: str) -> str:
     """`key=value` as one shell word that Hydra reads back as `value` (printed commands: `continue with:
     ... resume=...`): Hydra's quoting of the value (`hydra_value`), then the shell's (`shell_word`)."""
     return shell_word(f"{key}={hydra_value(value)}")
+
+
+run_dir_module.argument_format = shell_override  # the run directory's messages quote as this layer does
 
 
 def _parses(override: str) -> bool:

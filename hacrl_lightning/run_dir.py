@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -38,6 +39,16 @@ RUN_ENTRIES = (MARKER_NAME, "run_config.json", "config.yaml", "config.resumed.ya
                "tensorboard", "exports", "engine_dirs")
 """Everything a run writes in its directory (and `<file>.tmp` while a file is written): what `overwrite=true`
 deletes, and nothing else."""
+
+
+def _shell_argument(key: str, value: str) -> str:
+    return shlex.quote(f"{key}={value}")
+
+
+argument_format = _shell_argument
+"""How a message writes a command-line argument `key=value` (one shell word). The CLI layer, which knows
+Hydra's quoting, installs its own (`cli.shell_override`) when it is imported; this module stays free of Hydra."""
+
 MARKER_TEXT = ("A hacrl-lightning run directory (scripts/train.py). overwrite=true deletes only what a run "
                f"writes here: {', '.join(RUN_ENTRIES)}; any other file is kept.\n")
 
@@ -162,13 +173,11 @@ def claim_run_dir(path: str | os.PathLike, *, resuming: bool, overwrite: bool, r
                                    "a new or empty directory, or a run's directory (one holding .hacrl_run)",
                                    f"run_dir={path} holds other files ({_listed(contents)}), not a run; nothing was "
                                    "changed: choose another run_dir (a new one is made)")])
-    from hacrl_lightning.cli import shell_override  # cli imports this module
-
     if not overwrite:
         claim.release()
         raise ConfigError([Problem("run_dir", str(path), "an empty or new directory",
                                    f"it already holds a run ({_listed(contents)}); to continue it: "
-                                   f"{shell_override('resume', str(path))}; to replace it (the run's files are "
+                                   f"{argument_format('resume', str(path))}; to replace it (the run's files are "
                                    "deleted, any other file is kept): overwrite=true; or choose another run_dir")])
     written, kept = run_entries(path)
     for name in written:
