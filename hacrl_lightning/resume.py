@@ -27,6 +27,14 @@ HARMLESS = (
     "pair.*",
 )
 """Keys (glob patterns) a resume may change; `pair.*` is resolved into `algorithm.*`, which is compared."""
+IMPLIED = {
+    "algorithm.rollout_is_cap": 0.0,           # no correction before the setting existed
+    "algorithm.dual_clip_c": None,             # no dual-clip
+    "data.filter_overlong_prompts": False,     # over-long prompts were left-truncated
+}
+"""Settings added after runs may have started, with the value such a run trained with: a `run_config.json`
+without the key is compared as if it held this value (so an older run resumes when the new command keeps
+the old behaviour, and is told which value does when it does not)."""
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
@@ -45,7 +53,7 @@ def resume_changes(saved: dict[str, Any], new: TrainConfig, *, at_step: int,
         problems.append(Problem("agents", new_agents, f"{old_agents}, the agents the run was started with",
                                 f"resume with agents=[{','.join(old_agents)}], or start a new run (another run_dir)"))
     for key in sorted(old.keys() | now.keys()):
-        before, after = old.get(key, "<absent>"), now.get(key, "<absent>")
+        before, after = old.get(key, IMPLIED.get(key, "<absent>")), now.get(key, "<absent>")
         if before == after or key in RUN_LOCATION_KEYS or (key.startswith("agents.") and old_agents != new_agents):
             continue
         if any(fnmatch.fnmatchcase(key, pattern) for pattern in HARMLESS):
@@ -65,4 +73,6 @@ def resume_changes(saved: dict[str, Any], new: TrainConfig, *, at_step: int,
 def _shown(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ",".join(map(str, value)) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return "null" if value is None else str(value)

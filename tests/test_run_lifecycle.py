@@ -345,6 +345,21 @@ def test_resume_changes_refuse_what_alters_the_run_and_record_the_rest(zoo_cache
     assert problems == []
 
 
+def test_a_run_saved_before_a_setting_existed_resumes_with_the_old_behaviour(zoo_cache, tmp_path):
+    """A `run_config.json` written before `algorithm.dual_clip_c`, `algorithm.rollout_is_cap` and
+    `data.filter_overlong_prompts` existed: its run trained without them (`resume.IMPLIED`). Today's defaults
+    change two of them, and the resume says which values keep the run as it was; with those it resumes."""
+    saved = config_dict(config(tmp_path, zoo_cache, "trainer.steps=4"))
+    for section, key in (("algorithm", "dual_clip_c"), ("algorithm", "rollout_is_cap"), ("data", "filter_overlong_prompts")):
+        del saved[section][key]
+    problems, _ = resume_changes(saved, config(tmp_path, zoo_cache, "trainer.steps=4"), at_step=2, completed=False)
+    assert {p.key: p.fix.split(",")[0] for p in problems} == {
+        "algorithm.dual_clip_c": "resume with algorithm.dual_clip_c=null",
+        "data.filter_overlong_prompts": "resume with data.filter_overlong_prompts=false"}
+    kept = config(tmp_path, zoo_cache, "trainer.steps=4", "algorithm.dual_clip_c=null", "data.filter_overlong_prompts=false")
+    assert resume_changes(saved, kept, at_step=2, completed=False) == ([], {})
+
+
 def test_a_larger_trainer_steps_extends_a_finished_run_exactly(tmp_path, zoo_cache):
     straight = train(config(tmp_path / "straight", zoo_cache, "trainer.steps=3"))
     run = tmp_path / "run"
