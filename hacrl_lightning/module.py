@@ -215,7 +215,7 @@ class HACRLModule(pl.LightningModule):
         # 5-6a. each learner's global plan; each source's old log-probs on its own responses
         plans = {name: self._plan(data.views[name], k, step) for k, name in enumerate(self.names)}
         start = time.perf_counter()
-        old_mean, old_tokens, ref_tokens = self._old_logprobs(data.views, plans, data.rewards.numel())
+        old_mean, old_tokens, ref_tokens, mismatch = self._old_logprobs(data.views, plans, data.rewards.numel())
         old_s = time.perf_counter() - start
 
         # 6b-c. advantages from the joint rewards, then each learner's mini-batches
@@ -243,6 +243,7 @@ class HACRLModule(pl.LightningModule):
         self.steps_done += 1
         metrics.update(self._rollout_metrics(data, acc, omega))
         metrics.update(self._view_metrics(data.views))
+        metrics.update(mismatch)
         metrics.update({"time/rollout": data.timings["rollout"], "time/reward": data.timings["reward"],
                         "time/exchange": data.timings["exchange"], "time/old_logprobs": old_s,
                         "time/update": update_s, **({"time/diagnostics": diagnostics_s} if grad_share else {}),
@@ -251,7 +252,7 @@ class HACRLModule(pl.LightningModule):
         self.last_metrics = metrics
         omegas = {f"{name}/omega/{partner}" for name in self.names for partner in self.names}
         for key, value in metrics.items():
-            if "/diag/" in key or key in omegas:
+            if "/diag/" in key or key in omegas or "/rollout/logp_diff" in key:
                 self.diagnostics.setdefault(key, []).append((step, value))
         self.report(metrics)
         for name in self.names:
@@ -283,9 +284,11 @@ class HACRLModule(pl.LightningModule):
         flat (prompt, source, sample) order and the source's tokenization ([P·n·G], summed over ranks:
         each response is scored on exactly one rank), and per learner the per-token old (and
         reference) log-probs of this rank's own rows ([B, T], zero elsewhere), which the token-level
-        loss and the KL use."""
+        loss and the KL use. Where the engine reported its log-probs of the sampled tokens, also how far
+        they are from the trainer's (`_mismatch_metrics`)."""
         old_mean = torch.zeros(rows)                                                         # [P·n·G]
         old_tokens, ref_tokens = {}, {}
+        diffs = torch.zeros(len(self.names), 3, dtype=torch.float64)                       # [n, (sum, count, max)]
         for name in self.names:
             view, agent = views[name], self.agents[name]
             old_tokens[name] = torch.zeros(view.input_ids.shape)                            # [B, T]
@@ -302,10 +305,36 @@ class HACRLModule(pl.LightningModule):
                 if dummy:
                     continue
                 old_tokens[name][batch_rows, : logp.shape[1]] = logp.float().cpu()
+                known = micro.loss_mask & torch.isfinite(micro.engine_logp)                # [b, T]
+                if bool(known.any()):  # the engine reported its log-probs (vLLM): |engine - trainer| per token
+                    diff = (logp.float() - micro.engine_logp.float())[known].abs().double().cpu()
+                    k = self.names.index(name)
+                    diffs[k, 0] += diff.sum()
+                    diffs[k, 1] += diff.numel()
+                    diffs[k, 2] = max(diffs[k, 2], diff.max())
                 old_mean[view.row_idx[batch_rows]] = sequence_mean_logp(logp, micro.loss_mask).float().cpu()
                 if ref is not None:
                     ref_tokens[name][batch_rows, : ref.shape[1]] = ref.float().cpu()
-        return self._sum_over_ranks(old_mean), old_tokens, ref_tokens
+        return self._sum_over_ranks(old_mean), old_tokens, ref_tokens, self._mismatch_metrics(diffs)
+
+    def _mismatch_metrics(self, diffs: torch.Tensor) -> dict[str, float]:
+        """Rollout/trainer mismatch per agent over the step's sampled tokens, all ranks: mean and max of
+        |log p_engine - log p_trainer| (as verl logs its rollout-probs difference). The engine's log-probs
+        are processed (temperature applied) as the trainer's are; fp32 on CPU reads ~1e-6, a bf16 engine
+        on GPU shows how far the sampler is from the policy. Agents whose engine reported none are left out."""
+        diffs = diffs.clone()                                                              # [n, 3]
+        maxima = diffs[:, 2].clone()
+        diffs[:, 2] = 0.0
+        diffs = self._sum_over_ranks(diffs)
+        if self._rank_world[1] > 1:
+            import torch.distributed as dist
+
+            maxima = maxima.to(self.device)
+            dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+            maxima = maxima.cpu()
+        return {key: value for k, name in enumerate(self.names) if diffs[k, 1] > 0
+                for key, value in ((f"{name}/rollout/logp_diff_mean", float(diffs[k, 0] / diffs[k, 1])),
+                                   (f"{name}/rollout/logp_diff_max", float(maxima[k])))}
 
     def _update_learner(self, k: int, name: str, view: AgentView, plan: StepPlan, adv_k: torch.Tensor,
                         old_mean: torch.Tensor, old_tokens: torch.Tensor, ref_tokens: torch.Tensor | None,
@@ -350,6 +379,7 @@ class HACRLModule(pl.LightningModule):
                 total_tokens=on_device(view.loss_mask[mini].sum().clamp(min=1)),            # global mini-batch
                 total_seqs=on_device(torch.tensor(float(len(mini)))),
                 loss_scale_factor=float(agent.cfg.max_response_len),
+                engine_logp=on_device(micro.engine_logp) if self.alg.rollout_is_cap > 0 else None,
                 rewards=None if part is not None else on_device(rewards[view.row_idx[rows]]),
             ), micro
 

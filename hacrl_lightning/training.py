@@ -75,7 +75,8 @@ def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
     train_set, eval_set = task if task is not None else load_task(cfg.data)
     return RolloutDataModule(agents, train_set=train_set, eval_set=eval_set, data=cfg.data, rollout=cfg.rollout,
                              responses_per_prompt=cfg.responses_per_prompt, share_rollouts=cfg.algorithm.share_rollouts,
-                             steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(cfg.run_dir) / "engine_dirs")
+                             steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(cfg.run_dir) / "engine_dirs",
+                             engine_logprobs=cfg.algorithm.rollout_is_cap > 0)
 
 
 def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = None
@@ -268,6 +269,7 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Call
             **module.counters[name],
             "export": exports.get(name),
             "diagnostics": diagnostics_summary(module.diagnostics, name),
+            "rollout_logp_diff": mismatch_summary(module.diagnostics, name),
         }
     checkpoints = _newest_checkpoint(Path(cfg.run_dir).resolve())
     return {
@@ -311,6 +313,17 @@ def diagnostics_summary(history: dict[str, list[tuple[int, float]]], agent: str)
             omega[key.split("/omega/", 1)[1]] = {"first": values[0], "last": values[-1],
                                                  "mean": sum(values) / len(values)}
     return {**out, "steps_measured": steps, "omega": omega}
+
+
+def mismatch_summary(history: dict[str, list[tuple[int, float]]], agent: str) -> dict[str, float] | None:
+    """An agent's rollout/trainer mismatch over the run (`{agent}/rollout/logp_diff_*`, docs/training.md#the-vllm-backend):
+    the mean of the per-step means, the largest per-step max, and the last step's mean; None when its engine never
+    reported log-probs (the transformers backend, which samples from the trainer's own model)."""
+    means = [value for _, value in history.get(f"{agent}/rollout/logp_diff_mean", [])]
+    maxima = [value for _, value in history.get(f"{agent}/rollout/logp_diff_max", [])]
+    if not means:
+        return None
+    return {"mean": sum(means) / len(means), "max": max(maxima), "last_mean": means[-1], "steps": len(means)}
 
 
 def _newest_checkpoint(run_dir: Path) -> Path | None:
