@@ -198,10 +198,12 @@ def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, An
     if not saved_path.is_file():
         return {}
     summary_path = run_dir_of(checkpoint) / "summary.json"
-    completed = summary_path.is_file() and json.loads(summary_path.read_text()).get("status") == "completed"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     step = CHECKPOINT_RE.match(checkpoint.name)
-    problems, changes = resume_changes(json.loads(saved_path.read_text()), cfg, completed=completed,
-                                       at_step=int(step.group(1)) if step else 0)
+    at_step = int(step.group(1)) if step else 0
+    # finished at this checkpoint: an extension killed while exporting leaves the earlier session's summary
+    completed = summary.get("status") == "completed" and summary.get("steps") == at_step
+    problems, changes = resume_changes(json.loads(saved_path.read_text()), cfg, completed=completed, at_step=at_step)
     if problems:
         raise ConfigError(problems)
     return changes

@@ -377,6 +377,19 @@ def test_a_larger_trainer_steps_extends_a_finished_run_exactly(tmp_path, zoo_cac
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
 
 
+def test_an_extension_killed_while_exporting_resumes_at_its_own_length(tmp_path, zoo_cache):
+    """An extension (2 -> 3 steps) killed after its last checkpoint, while exporting: the summary on disk is still
+    the first session's ("completed", 2 steps; it is written after the exports). `resume=` with trainer.steps=3 is
+    the run's own length, not a finished run's: it exports and completes (it was refused, "set trainer.steps=4")."""
+    run = tmp_path / "run"
+    train(config(run, zoo_cache, "trainer.steps=2"))
+    first_summary = (run / "summary.json").read_text()
+    train(config(run, zoo_cache, "trainer.steps=3", f"resume={run}"))
+    (run / "summary.json").write_text(first_summary)  # the state a kill during the extension's export leaves
+    summary = train(config(run, zoo_cache, "trainer.steps=3", f"resume={run}"))
+    assert summary["status"] == "completed" and summary["steps"] == 3
+
+
 def test_resume_from_another_runs_checkpoint_forks_and_never_writes_into_that_run(tmp_path, zoo_cache):
     source = tmp_path / "source"
     train(config(source, zoo_cache, "trainer.steps=2", "trainer.checkpoint_every=1"))
