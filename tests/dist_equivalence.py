@@ -3,6 +3,8 @@
     python tests/dist_equivalence.py record OUT ZOO_CACHE [CASE ...]     # 1 process, real generation
     python -m torch.distributed.run --standalone --nproc_per_node=2 \\
         tests/dist_equivalence.py replay OUT ZOO_CACHE [CASE ...]        # 2 ranks, FSDP2 over gloo
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=P WORLD_SIZE=2 NODE_RANK=R \\
+        python tests/dist_equivalence.py replay-nodes OUT ZOO_CACHE [CASE ...]   # node R of 2 (R = 0, 1)
 
 `record` trains each case for one step on one process and saves what the test compares (final
 weights, optimizer updates, the m of every mini-batch, the capability window, the step's metrics)
@@ -44,6 +46,11 @@ CASES = {
              "trainer.micro_batch_size=3"],
 }
 TWO_RANKS = ["trainer.strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]
+TWO_NODES = ["trainer.strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.num_nodes=2"]
+"""`replay-nodes`: two "nodes" of one CPU rank each, one process per node started by the test with the
+environment Lightning reads on a cluster without a scheduler (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
+NODE_RANK; tests/test_two_nodes.py)."""
+LAYOUTS = {"record": [], "replay": TWO_RANKS, "replay-nodes": TWO_NODES}
 
 
 class Record(Callback):
@@ -88,6 +95,8 @@ class Record(Callback):
             "capability": [list(h) for h in pl_module.capability.history],
             "metrics": dict(pl_module.last_metrics),
             "grads": self.grads,
+            "layout": {"num_nodes": trainer.num_nodes, "node_rank": trainer.node_rank,
+                       "world_size": trainer.world_size, "global_rank": trainer.global_rank},
         }
 
 
@@ -147,8 +156,8 @@ def main() -> None:
     mode, out, zoo_cache, *cases = sys.argv[1:]
     torch.set_num_threads(1)
     out = Path(out)
-    rank = int(os.environ.get("RANK", "0"))
-    store = torch.load(out / "generations.pt", weights_only=False) if mode == "replay" else {}
+    rank = int(os.environ.get("RANK", os.environ.get("NODE_RANK", "0")))
+    store = torch.load(out / "generations.pt", weights_only=False) if mode != "record" else {}
     use_generations(mode, store)
     spy = spy_on_m()
     local = spy_on_local_accuracy()
@@ -156,7 +165,7 @@ def main() -> None:
     for case in cases or list(CASES):
         spy["calls"] = calls = {}
         record = Record()
-        overrides = [*SMALL, *CASES[case], *(TWO_RANKS if mode == "replay" else []),
+        overrides = [*SMALL, *CASES[case], *LAYOUTS[mode],
                      f"zoo_cache={zoo_cache}", f"run_dir={out / mode / case}"]
         cfg, _ = compose_config(overrides)
         train(cfg, extra_callbacks=[record])
