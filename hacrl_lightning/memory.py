@@ -397,8 +397,14 @@ def _engine(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int, row
     reserve = 2 * VLLM_BATCHED_TOKENS * (2 * arch.intermediate + 4 * arch.hidden) + 4 * VLLM_MAX_SEQS * arch.vocab
     share = int(agent.gpu_memory_utilization * gpu_bytes)
     kv = max(0, share - weights - reserve)
-    sequences = kv // (seq * arch.kv_bytes_per_token(DTYPE_BYTES[agent.dtype]))
+    sequences = kv_tokens(arch, kv, DTYPE_BYTES[agent.dtype]) // seq
     return dict(engine_weights=weights, engine_reserve=reserve, kv_cache=kv, kv_sequences=int(sequences), engine=share)
+
+
+def kv_tokens(arch: Architecture, kv_bytes: int, dtype_bytes: int) -> int:
+    """Tokens a KV cache of `kv_bytes` holds (vLLM then rounds down to whole blocks of its block size;
+    on its CPU build `kv_bytes` is the memory share of the machine, `rollout.vllm.cpu_kv_cache_bytes`)."""
+    return kv_bytes // arch.kv_bytes_per_token(dtype_bytes)
 
 
 def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int) -> AgentMemory:
