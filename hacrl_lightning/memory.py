@@ -241,8 +241,9 @@ class AgentMemory:
     adamw: int
     kl_reference: int
     gathered: int
-    """FSDP2's transients: the root's and two blocks' weights and gradients in the compute dtype (an
-    estimate); on one device under bf16-mixed, autocast's bf16 copy of every weight."""
+    """FSDP2's transients in the compute dtype (an estimate): the root's weights and gradients (held through
+    forward and backward), two blocks' weights (the one computed, the one prefetched) and one block's
+    gradients; on one device under bf16-mixed, autocast's bf16 copy of every weight."""
     activations: int
     """The activation and logits peak of one micro-batch at the maximum lengths, without checkpointing."""
     activations_checkpointed: int
@@ -379,7 +380,7 @@ def activation_peak(arch: Architecture, rows: int, tokens: int, c: int, *, check
 
 
 def _gathered(arch: Architecture, cfg: TrainConfig, world: int, c: int) -> int:
-    if world > 1:  # root held for the forward and backward, the block computed and the one prefetched
+    if world > 1:  # see AgentMemory.gathered
         return c * (2 * arch.root_parameters + 3 * arch.block_parameters)
     return c * arch.parameters if cfg.trainer.precision == "bf16-mixed" else 0
 
