@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 
 from conftest import preset_loss
 from hacrl_lightning.algorithms import hacpo_loss
-from hacrl_lightning.presets import get_preset
+from hacrl_lightning.algorithms.objective import CROSS_TERMS, SETTINGS, LossSettings
+from hacrl_lightning.presets import PRESETS, get_preset
 
 D = torch.float64
 INF = float("inf")
@@ -241,3 +243,31 @@ def test_cross_lower_from_a_schedule_replaces_eq_14():
     loss, metrics, grad = run(get_preset("hacpo"), m=1, cross_lower=0.6)
     assert metrics["clip/cross_lower"].item() == pytest.approx(0.6)
     assert grad[3, 0].item() != 0.0 and metrics["clip/cross_low_frac"].item() == 0.0
+
+
+def test_unknown_setting_or_mode_is_refused_naming_the_known_ones():
+    with pytest.raises(TypeError, match=r"unknown setting\(s\) \['use_omgea'\]: known \[.*'use_omega'"):
+        run(get_preset("hacpo"), use_omgea=False)
+    for key, known in (("ratio_level", "['sequence', 'token']"), ("cross_loss", "['hacpo', 'self']"),
+                       ("loss_agg_mode", "'token-mean'"), ("kl_estimator", "['k1', 'k2', 'k3']")):
+        with pytest.raises(ValueError, match=rf"unknown {key} 'nope': known .*{re.escape(known)}"):
+            run(get_preset("hacpo"), **{key: "nope"})
+
+
+def test_every_algorithm_setting_reaching_the_loss_is_a_hacpo_loss_keyword():
+    # AlgorithmConfig.loss_settings() gives exactly LossSettings' fields, each a keyword the loss takes
+    settings = get_preset("hacpo").loss_settings()
+    assert sorted(settings) == sorted(SETTINGS)
+    assert LossSettings(**settings).ratio_level == "sequence"
+    for name in PRESETS:
+        LossSettings(**get_preset(name).loss_settings())  # every preset's modes are registered
+
+
+def test_a_registered_cross_loss_is_one_function(monkeypatch):
+    # a new mode is a registered function hacpo_loss finds by name: here the hacpo term without omega
+    monkeypatch.setitem(CROSS_TERMS, "no_omega_test", lambda x, s, ratio, own: CROSS_TERMS["hacpo"](
+        x, replace(s, use_omega=False), ratio, own))
+    loss, metrics, grad = run(get_preset("hacpo"), cross_loss="no_omega_test")
+    expected = run(get_preset("hacpo_no_omega"))
+    assert torch.equal(loss, expected[0]) and torch.equal(grad, expected[2])
+    assert metrics["omega/cross_mean"].item() == 1.0

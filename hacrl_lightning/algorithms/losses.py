@@ -33,10 +33,6 @@ __all__ = [
     "truncated_is_weight",
 ]
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-"""The reductions `aggregate_loss` knows (verl's `loss_agg_mode` names)."""
-KL_ESTIMATORS = ("k1", "k2", "k3")
-"""The estimators `kl_penalty` knows (Schulman's k1/k2/k3)."""
 MAX_ABS_LOG_RATIO = 10.0
 """|log s| is clamped to this before exponentiating (docs/spec.md §5, authors' code)."""
 
@@ -174,15 +170,20 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, *, estimator: str = "k3") -> Tens
     """
     if logp.shape != ref_logp.shape:
         raise ValueError(f"logp and ref_logp must have one shape, got {tuple(logp.shape)} and {tuple(ref_logp.shape)}")
-    diff = logp - ref_logp.to(logp)  # [B, T]
-    if estimator == "k1":
-        return diff
-    if estimator == "k2":
-        return 0.5 * diff.square()
-    if estimator == "k3":
-        neg = (-diff).clamp(-20.0, 20.0)
-        return (neg.exp() - neg - 1.0).clamp(max=10.0)
-    raise ValueError(f"unknown KL estimator {estimator!r}: known {sorted(KL_ESTIMATORS)}")
+    if estimator not in _KL:
+        raise ValueError(f"unknown KL estimator {estimator!r}: known {sorted(KL_ESTIMATORS)}")
+    return _KL[estimator](logp - ref_logp.to(logp))  # [B, T]
+
+
+def _k3(diff: Tensor) -> Tensor:
+    neg = (-diff).clamp(-20.0, 20.0)
+    return (neg.exp() - neg - 1.0).clamp(max=10.0)
+
+
+_KL = {"k1": lambda diff: diff, "k2": lambda diff: 0.5 * diff.square(), "k3": _k3}
+"""Each estimator of `kl_penalty` by name, from diff = logp - ref_logp [B, T]."""
+KL_ESTIMATORS = tuple(_KL)
+"""The estimators `kl_penalty` knows (Schulman's k1/k2/k3)."""
 
 
 # --- the rollout engine's mismatch --------------------------------------------------------------
@@ -230,21 +231,42 @@ def aggregate_loss(
     response length) to reproduce Dr. GRPO.
     """
     _check_pair("loss_mat", loss_mat, "loss_mask", loss_mask, "[B, T]")
+    if mode not in _AGGREGATIONS:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}: known {sorted(LOSS_AGG_MODES)}")
     mask = loss_mask.bool()
     masked = torch.where(mask, loss_mat, torch.zeros_like(loss_mat))  # [B, T]
     tokens_per_seq = mask.sum(dim=-1)  # [B]
     if total_seqs is None:
         total_seqs = (tokens_per_seq > 0).sum().clamp(min=1)
-    if mode == "token-mean":
-        if total_tokens is None:
-            total_tokens = tokens_per_seq.sum().clamp(min=1)
-        return masked.sum() / total_tokens
-    if mode == "seq-mean-token-mean":
-        per_seq = masked.sum(dim=-1) / tokens_per_seq.clamp(min=1).to(masked.dtype)  # [B]
-        return per_seq.sum() / total_seqs
-    if mode == "seq-mean-token-sum":
-        return masked.sum() / total_seqs
-    if mode == "seq-mean-token-sum-norm":
-        scale = loss_mat.shape[-1] if loss_scale_factor is None else loss_scale_factor
-        return masked.sum() / (total_seqs * scale)
-    raise ValueError(f"unknown loss_agg_mode {mode!r}: known {sorted(LOSS_AGG_MODES)}")
+    return _AGGREGATIONS[mode](masked, tokens_per_seq, total_tokens=total_tokens, total_seqs=total_seqs,
+                               scale=loss_mat.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+
+
+def _token_mean(masked: Tensor, tokens_per_seq: Tensor, *, total_tokens, total_seqs, scale) -> Tensor:
+    if total_tokens is None:
+        total_tokens = tokens_per_seq.sum().clamp(min=1)
+    return masked.sum() / total_tokens
+
+
+def _seq_mean_token_mean(masked: Tensor, tokens_per_seq: Tensor, *, total_tokens, total_seqs, scale) -> Tensor:
+    per_seq = masked.sum(dim=-1) / tokens_per_seq.clamp(min=1).to(masked.dtype)  # [B]
+    return per_seq.sum() / total_seqs
+
+
+def _seq_mean_token_sum(masked: Tensor, tokens_per_seq: Tensor, *, total_tokens, total_seqs, scale) -> Tensor:
+    return masked.sum() / total_seqs
+
+
+def _seq_mean_token_sum_norm(masked: Tensor, tokens_per_seq: Tensor, *, total_tokens, total_seqs, scale) -> Tensor:
+    return masked.sum() / (total_seqs * scale)
+
+
+_AGGREGATIONS = {
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+}
+"""Each reduction of `aggregate_loss` by mode: (masked [B, T], tokens per row [B], totals) -> scalar."""
+LOSS_AGG_MODES = tuple(_AGGREGATIONS)
+"""The reductions `aggregate_loss` knows (verl's `loss_agg_mode` names)."""

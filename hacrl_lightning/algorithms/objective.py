@@ -3,7 +3,10 @@
 It applies the own-response term to the learner's own responses and the cross term to partners'
 responses, as its keyword switches say (docs/spec.md §6, §9; `AlgorithmConfig.loss_settings()` gives
 them for a preset), so the trainer never asks which preset runs: GRPO, GSPO, naive, HACPO and every
-ablation go through the same call. Deliberately not here: forward passes, mini-batch ordering (own
+ablation go through the same call. It is a short composition of small steps, each chosen by a setting
+the way verl registers its policy losses: the policy term by ratio level (`RATIO_TERMS`), the cross term
+by `cross_loss` (`CROSS_TERMS`), the rollout-IS weight, the aggregation by mode (`aggregate_loss`) and
+the KL; a new mode is one registered function. Deliberately not here: forward passes, mini-batch ordering (own
 first, docs/spec.md §6) and the stepwise schedule of the cross lower bound: the caller passes the
 bound of this mini-batch as a plain number (`cross_lower`, from the clip-schedule callback).
 
@@ -15,12 +18,15 @@ as counts over micro-batches and ranks.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple, Union
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from hacrl_lightning.algorithms.losses import (
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
     aggregate_loss,
     hacpo_cross_term,
     kl_penalty,
@@ -31,7 +37,10 @@ from hacrl_lightning.algorithms.losses import (
     truncated_is_weight,
 )
 
-__all__ = ["ANSWERS", "CROSS_LOSSES", "METRIC_NAMES", "RATIO_LEVELS", "hacpo_loss"]
+__all__ = [
+    "ANSWERS", "CROSS_LOSSES", "CROSS_TERMS", "METRIC_NAMES", "RATIO_LEVELS", "RATIO_TERMS", "SETTINGS", "LossSettings",
+    "hacpo_loss", "register_cross_loss", "register_ratio_level",
+]
 
 ANSWERS = ("correct", "wrong")
 """A response is correct when its reward is > 0 (docs/spec.md §2, as the accuracy counts it), else wrong."""
@@ -47,12 +56,85 @@ METRIC_NAMES = tuple(
 over the part's responses (`count/self` or `count/cross`), or, for `diag/{part}_nograd_frac_{answer}`,
 over the part's correct or wrong responses (`count/{part}_{answer}`): `LossStats` weights it by that count."""
 
-RATIO_LEVELS = ("sequence", "token")
-"""`sequence`: GSPO's length-normalised ratio per response (Eq. 11); `token`: per-token ratios (GRPO)."""
-CROSS_LOSSES = ("hacpo", "self")
-"""`hacpo`: the cross term of Eqs. 12-14; `self`: the own-response term applied to partners' responses (naive)."""
+LossTerm = Callable[["LossInputs", "LossSettings"], Tuple[Tensor, "Metrics"]]
+"""A policy term by ratio level: (inputs, settings) -> (per-token objective [B, T] to maximise, metrics)."""
+CrossTerm = Callable[["LossInputs", "LossSettings", Tensor, Tensor], Tuple[Tensor, Tensor, "Metrics"]]
+"""A cross term by `cross_loss`: (inputs, settings, sequence ratio [B], own term [B]) -> (term [B] for every
+row (the caller keeps its cross rows), [B] bool where the term has no gradient, metrics)."""
+RATIO_TERMS: Dict[str, LossTerm] = {}
+CROSS_TERMS: Dict[str, CrossTerm] = {}
 
 Metrics = Dict[str, Tensor]
+
+
+def register_ratio_level(name: str) -> Callable[[LossTerm], LossTerm]:
+    """Register the policy term of ratio level `name` (`ratio_level`; verl's `register_policy_loss`)."""
+    def add(fn: LossTerm) -> LossTerm:
+        RATIO_TERMS[name] = fn
+        return fn
+    return add
+
+
+def register_cross_loss(name: str) -> Callable[[CrossTerm], CrossTerm]:
+    """Register the cross term `name` (`cross_loss`): what partners' responses contribute at sequence level."""
+    def add(fn: CrossTerm) -> CrossTerm:
+        CROSS_TERMS[name] = fn
+        return fn
+    return add
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The algorithm's switches `hacpo_loss` reads, one field per keyword (`AlgorithmConfig.loss_settings()`
+    gives them for a preset; docs/algorithms.md says what each does). Unknown names and modes are refused
+    here, listing the known ones, before any tensor is read."""
+
+    ratio_level: str = "sequence"
+    """A key of `RATIO_TERMS`: `sequence` (GSPO's length-normalised ratio per response, Eq. 11) or `token` (GRPO)."""
+    clip_low: float = 3e-4
+    clip_high: float = 4e-4
+    dual_clip_c: Optional[float] = None
+    cross_loss: str = "hacpo"
+    """A key of `CROSS_TERMS`: `hacpo` (Eqs. 12-14) or `self` (the own term on partners' responses, naive)."""
+    alpha: float = 1.0
+    cross_clip: bool = True
+    use_omega: bool = True
+    loss_agg_mode: str = "seq-mean-token-mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    rollout_is_cap: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key, known in (("ratio_level", RATIO_TERMS), ("cross_loss", CROSS_TERMS),
+                           ("loss_agg_mode", LOSS_AGG_MODES), ("kl_estimator", KL_ESTIMATORS)):
+            if getattr(self, key) not in known:
+                raise ValueError(f"unknown {key} {getattr(self, key)!r}: known {sorted(known)}")
+
+    @property
+    def clip(self) -> Dict[str, float]:
+        return dict(clip_low=self.clip_low, clip_high=self.clip_high)
+
+
+SETTINGS: Tuple[str, ...] = tuple(f.name for f in fields(LossSettings))
+"""`hacpo_loss`'s setting keywords (`AlgorithmConfig.loss_settings()` must give exactly these; a test keeps them equal)."""
+
+
+@dataclass(frozen=True, eq=False)
+class LossInputs:
+    """One mini-batch's tensors as the terms read them: padding zeroed, masks boolean, shapes checked."""
+
+    logp_new: Tensor  # [B, T]  with grad; 0 on padding
+    loss_mask: Tensor  # [B, T]  as given (True on response tokens)
+    mask: Tensor  # [B, T] bool  True on response tokens
+    advantages: Tensor  # [B]
+    is_own: Tensor  # [B] bool  True where the source is the learner
+    own: Tensor  # [B] bool  True on own rows with at least one token
+    cross: Tensor  # [B] bool  True on partners' rows with at least one token
+    cross_lower: Optional[float]
+    old_logp_mean: Optional[Tensor]
+    old_logp: Optional[Tensor]
+    omega_factor: Optional[Tensor]
+    rewards: Optional[Tensor]
 
 
 def hacpo_loss(
@@ -61,31 +143,21 @@ def hacpo_loss(
     loss_mask: Tensor,
     advantages: Tensor,
     is_own: Tensor,
-    ratio_level: str = "sequence",
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
-    cross_loss: str = "hacpo",
     cross_lower: Optional[float] = None,
-    alpha: float = 1.0,
-    cross_clip: bool = True,
-    use_omega: bool = True,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
     old_logp_mean: Optional[Tensor] = None,
     old_logp: Optional[Tensor] = None,
     omega_factor: Optional[Tensor] = None,
     ref_logp: Optional[Tensor] = None,
     rewards: Optional[Tensor] = None,
+    engine_logp: Optional[Tensor] = None,
     total_tokens: Union[float, Tensor, None] = None,
     total_seqs: Union[float, Tensor, None] = None,
     loss_scale_factor: Optional[float] = None,
-    rollout_is_cap: float = 0.0,
-    engine_logp: Optional[Tensor] = None,
-    dual_clip_c: Optional[float] = None,
+    **settings: Any,
 ) -> Tuple[Tensor, Metrics]:
     """Loss of learner k on one mini-batch (paper Eq. 53: J = J_homo + J_hete; loss = -J aggregated).
 
+    `settings` are the keywords of `LossSettings` (`SETTINGS`; an unknown one is refused, naming them).
     Per response b, with s_b the sequence ratio of Eq. 11 (`ratio_level == "sequence"`):
       own (is_own):        min(s·A, clip(s, 1 - clip_low, 1 + clip_high)·A)         Eqs. 47-49
       cross, "hacpo":      clamp(s, lower_m, 1) · sg(c)^alpha · omega[j, k] · A     Eqs. 50-52
@@ -96,6 +168,10 @@ def hacpo_loss(
     it. The loss is `-aggregate(term)` with `loss_agg_mode`, plus `kl_coef · KL` on own responses
     (normalised like the policy term) when kl_coef > 0. `cross_clip=False` drops the clamp
     (hacpo_no_clip); `use_omega=False` drops the omega factor (hacpo_no_omega).
+
+    The steps, each a small function: the policy term of the ratio level (`RATIO_TERMS`, which at sequence
+    level asks `CROSS_TERMS[cross_loss]` for partners' rows), the rollout-IS weight (`_rollout_is_weight`),
+    the aggregation (`aggregate_loss` by mode), the KL (`_kl_loss`).
 
     Inputs (B responses, T tokens in the learner's tokenization):
       logp_new [B, T]       learner's current log-probs of each response token (with grad)
@@ -125,6 +201,40 @@ def hacpo_loss(
       own, and cross "self" (naive): s < 1 - clip_low with A < 0, or s > 1 + clip_high with A > 0 (PPO min)
     with its denominator `count/{part}_{answer}` (a fraction whose denominator is 0 is left out).
     """
+    s = loss_settings(**settings)
+    x = _inputs(logp_new, loss_mask, advantages, is_own, cross_lower=cross_lower, old_logp_mean=old_logp_mean,
+                old_logp=old_logp, omega_factor=omega_factor, rewards=rewards)
+    loss_mat, metrics = RATIO_TERMS[s.ratio_level](x, s)  # [B, T]
+    if s.rollout_is_cap > 0:
+        loss_mat = loss_mat * _rollout_is_weight(x, s.rollout_is_cap, engine_logp, metrics)  # [B, T]
+    # one pair of normalisers for the policy term and the KL, so both scale alike under micro-batching
+    agg = dict(mode=s.loss_agg_mode, loss_scale_factor=loss_scale_factor,
+               total_tokens=x.mask.sum(dim=-1).sum().clamp(min=1) if total_tokens is None else total_tokens,
+               total_seqs=x.mask.any(dim=-1).sum().clamp(min=1) if total_seqs is None else total_seqs)
+    policy_loss = -aggregate_loss(loss_mat, x.loss_mask, **agg)
+    loss = policy_loss
+    metrics["loss/policy"] = policy_loss.detach()
+    if s.kl_coef > 0:
+        kl = _kl_loss(x, s, ref_logp, agg)
+        loss = policy_loss + s.kl_coef * kl
+        metrics["loss/kl"] = kl.detach()
+    metrics["loss/total"] = loss.detach()
+    metrics["count/self"] = x.own.sum().detach()
+    metrics["count/cross"] = x.cross.sum().detach()
+    return loss, metrics
+
+
+def loss_settings(**settings: Any) -> LossSettings:
+    """`LossSettings` from keywords; an unknown keyword is refused naming the known ones."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise TypeError(f"hacpo_loss got unknown setting(s) {unknown}: known {list(SETTINGS)}")
+    return LossSettings(**settings)
+
+
+def _inputs(logp_new: Tensor, loss_mask: Tensor, advantages: Tensor, is_own: Tensor, **optional: Any) -> LossInputs:
+    """The checked, normalised inputs: padding zeroed (it may hold anything, even -inf, and must never
+    reach the gradient as NaN), masks boolean, own and cross rows those with at least one token."""
     if logp_new.ndim != 2 or logp_new.shape != loss_mask.shape:
         raise ValueError(
             f"logp_new and loss_mask must both be [B, T], got {tuple(logp_new.shape)} and {tuple(loss_mask.shape)}"
@@ -133,131 +243,143 @@ def hacpo_loss(
     for name, value in (("advantages", advantages), ("is_own", is_own)):
         if value.shape != (batch,):
             raise ValueError(f"{name} must have shape [{batch}], got {tuple(value.shape)}")
-    if cross_loss not in CROSS_LOSSES:
-        raise ValueError(f"unknown cross_loss {cross_loss!r}: known {sorted(CROSS_LOSSES)}")
     mask = loss_mask.bool()
-    # padding may hold anything (even -inf); zero it so no NaN can reach the gradient
-    logp_new = torch.where(mask, logp_new, torch.zeros_like(logp_new))  # [B, T]
-    is_own = is_own.bool()  # [B]
     valid = mask.any(dim=-1)  # [B]  rows with at least one token
-    own, cross = is_own & valid, ~is_own & valid  # [B], [B]
-    advantages = advantages.to(logp_new)
+    is_own = is_own.bool()  # [B]
+    return LossInputs(logp_new=torch.where(mask, logp_new, torch.zeros_like(logp_new)), loss_mask=loss_mask,
+                      mask=mask, advantages=advantages.to(logp_new), is_own=is_own, own=is_own & valid,
+                      cross=~is_own & valid, **optional)
+
+
+# --- the policy term by ratio level -------------------------------------------------------------
+
+
+@register_ratio_level("sequence")
+def _sequence_term(x: LossInputs, s: LossSettings) -> Tuple[Tensor, Metrics]:
+    """GSPO's sequence ratio per response (Eq. 11): the own term on own rows, `CROSS_TERMS[cross_loss]` on
+    partners' rows, broadcast over each response's tokens; with rewards, which responses have no gradient."""
+    old_logp_mean = x.old_logp_mean
+    if old_logp_mean is None:
+        if x.old_logp is None:
+            raise ValueError("sequence-level ratios need old_logp_mean [B] (or old_logp [B, T] for own responses)")
+        old_logp_mean = sequence_mean_logp(x.old_logp, x.loss_mask)
+    ratio = log_ratio_from_means(sequence_mean_logp(x.logp_new, x.loss_mask), old_logp_mean).exp()  # [B]
+    own_term = ppo_clip_term(ratio, x.advantages, **s.clip)  # [B]
+    cross_term, cross_nograd, metrics = CROSS_TERMS[s.cross_loss](x, s, ratio, own_term)  # [B], [B]
+    term = torch.where(x.is_own, own_term, cross_term)  # [B]
+    _ppo_metrics(metrics, "self", ratio, x.advantages, x.own, **s.clip)
+    if x.rewards is not None:
+        batch = ratio.shape[0]
+        if x.rewards.shape != (batch,):
+            raise ValueError(f"rewards must have shape [{batch}], got {tuple(x.rewards.shape)}")
+        correct = x.rewards.to(ratio.device) > 0  # [B]
+        _nograd_metrics(metrics, "self", _ppo_nograd(ratio, x.advantages, **s.clip), x.own, correct)
+        _nograd_metrics(metrics, "cross", cross_nograd, x.cross, correct)
+    return term[:, None].expand_as(x.logp_new), metrics  # [B, T]
+
+
+@register_ratio_level("token")
+def _token_term(x: LossInputs, s: LossSettings) -> Tuple[Tensor, Metrics]:
+    """GRPO's per-token ratios with the own term (and verl's dual-clip); own responses only."""
+    if bool(x.cross.any()):
+        raise ValueError(
+            "ratio_level='token' compares log-probs token by token and needs one tokenization: it "
+            "supports own responses only; use ratio_level='sequence' for shared rollouts"
+        )
+    if x.old_logp is None:
+        raise ValueError("ratio_level='token' needs old_logp [B, T] in the learner's tokenization")
+    old_logp = torch.where(x.mask, x.old_logp.to(x.logp_new), torch.zeros_like(x.logp_new))  # [B, T]
+    ratio = token_log_ratio(x.logp_new, old_logp).exp()  # [B, T]
+    advantages = x.advantages[:, None]  # [B, 1]
+    loss_mat = ppo_clip_term(ratio, advantages, **s.clip, dual_clip_c=s.dual_clip_c)  # [B, T]
     metrics: Metrics = {}
-
-    clip = dict(clip_low=clip_low, clip_high=clip_high)
-    if ratio_level == "sequence":
-        if old_logp_mean is None:
-            if old_logp is None:
-                raise ValueError("sequence-level ratios need old_logp_mean [B] (or old_logp [B, T] for own responses)")
-            old_logp_mean = sequence_mean_logp(old_logp, loss_mask)
-        log_ratio = log_ratio_from_means(sequence_mean_logp(logp_new, loss_mask), old_logp_mean)  # [B]
-        ratio = log_ratio.exp()  # [B]
-        own_term = ppo_clip_term(ratio, advantages, **clip)  # [B]
-        if cross_loss == "self":  # naive: the own term for every response
-            term = own_term
-            _ppo_metrics(metrics, "cross", ratio, advantages, cross, **clip)
-        else:
-            if cross_lower is None:
-                if bool(cross.any()):
-                    raise ValueError("cross responses with cross_loss='hacpo' need cross_lower (lower_m of Eq. 14, "
-                                     "e.g. `cross_clip_lower(m, delta, delta_step)`)")
-                cross_lower = 1.0  # no cross row reads it
-            cross_term, cross_metrics = _cross_term(ratio, advantages, cross, omega_factor, lower=float(cross_lower),
-                                                    alpha=alpha, clip=cross_clip, use_omega=use_omega)  # [B]
-            term = torch.where(is_own, own_term, cross_term)  # [B]
-            metrics.update(cross_metrics)
-        loss_mat = term[:, None].expand_as(logp_new)  # [B, T]
-        _ppo_metrics(metrics, "self", ratio, advantages, own, **clip)
-        if rewards is not None:
-            if rewards.shape != (batch,):
-                raise ValueError(f"rewards must have shape [{batch}], got {tuple(rewards.shape)}")
-            correct = rewards.to(ratio.device) > 0  # [B]
-            own_nograd = _ppo_nograd(ratio, advantages, **clip)  # [B]
-            if cross_loss == "self":
-                cross_nograd = own_nograd
-            elif cross_clip:
-                cross_nograd = (ratio.detach() < float(cross_lower)) | (ratio.detach() > 1.0)  # [B]
-            else:
-                cross_nograd = torch.zeros_like(own_nograd)
-            _nograd_metrics(metrics, "self", own_nograd, own, correct)
-            _nograd_metrics(metrics, "cross", cross_nograd, cross, correct)
-    elif ratio_level == "token":
-        if bool(cross.any()):
-            raise ValueError(
-                "ratio_level='token' compares log-probs token by token and needs one tokenization: it "
-                "supports own responses only; use ratio_level='sequence' for shared rollouts"
-            )
-        if old_logp is None:
-            raise ValueError("ratio_level='token' needs old_logp [B, T] in the learner's tokenization")
-        old_logp = torch.where(mask, old_logp.to(logp_new), torch.zeros_like(logp_new))  # [B, T]
-        ratio = token_log_ratio(logp_new, old_logp).exp()  # [B, T]
-        loss_mat = ppo_clip_term(ratio, advantages[:, None], **clip, dual_clip_c=dual_clip_c)
-        _ppo_metrics(metrics, "self", ratio, advantages[:, None].expand_as(ratio), mask & own[:, None], **clip)
-        if dual_clip_c and bool(own.any()):  # tokens the dual-clip holds at c·A (verl's pg_clipfrac_lower)
-            held = (advantages[:, None] < 0) & (ppo_clip_term(ratio.detach(), advantages[:, None], **clip)
-                                                 < dual_clip_c * advantages[:, None])  # [B, T]
-            metrics["clip/self_dual_frac"] = held[mask & own[:, None]].float().mean()
-    else:
-        raise ValueError(f"unknown ratio_level {ratio_level!r}: known {sorted(RATIO_LEVELS)}")
-
-    # one pair of normalisers for the policy term and the KL, so both scale alike under micro-batching
-    tokens_per_seq = mask.sum(dim=-1)  # [B]
-    total_tokens = tokens_per_seq.sum().clamp(min=1) if total_tokens is None else total_tokens
-    total_seqs = valid.sum().clamp(min=1) if total_seqs is None else total_seqs
-    agg = dict(
-        mode=loss_agg_mode, total_tokens=total_tokens, total_seqs=total_seqs, loss_scale_factor=loss_scale_factor
-    )
-    if rollout_is_cap > 0:
-        if old_logp is None or engine_logp is None:
-            raise ValueError(f"rollout_is_cap={rollout_is_cap} needs old_logp and engine_logp [B, T] of own responses")
-        own_tokens = mask & own[:, None]  # [B, T]
-        weight = truncated_is_weight(old_logp.to(logp_new), engine_logp, own_tokens, cap=rollout_is_cap)  # [B, T]
-        loss_mat = loss_mat * weight
-        if bool(own_tokens.any()):
-            metrics["rollout_is/weight_mean"] = weight[own_tokens].mean()
-            metrics["rollout_is/capped_frac"] = (weight[own_tokens] >= rollout_is_cap).float().mean()
-    policy_loss = -aggregate_loss(loss_mat, loss_mask, **agg)
-    loss = policy_loss
-    metrics["loss/policy"] = policy_loss.detach()
-
-    if kl_coef > 0:
-        if ref_logp is None:
-            raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp [B, T] from the learner's reference model")
-        ref_logp = torch.where(mask, ref_logp.to(logp_new), torch.zeros_like(logp_new))  # [B, T]
-        kl = aggregate_loss(kl_penalty(logp_new, ref_logp, estimator=kl_estimator), mask & own[:, None], **agg)
-        loss = policy_loss + kl_coef * kl
-        metrics["loss/kl"] = kl.detach()
-    metrics["loss/total"] = loss.detach()
-    metrics["count/self"] = own.sum().detach()
-    metrics["count/cross"] = cross.sum().detach()
-    return loss, metrics
+    _ppo_metrics(metrics, "self", ratio, advantages.expand_as(ratio), x.mask & x.own[:, None], **s.clip)
+    if s.dual_clip_c and bool(x.own.any()):  # tokens the dual-clip holds at c·A (verl's pg_clipfrac_lower)
+        held = (advantages < 0) & (ppo_clip_term(ratio.detach(), advantages, **s.clip)
+                                   < s.dual_clip_c * advantages)  # [B, T]
+        metrics["clip/self_dual_frac"] = held[x.mask & x.own[:, None]].float().mean()
+    return loss_mat, metrics
 
 
-def _cross_term(
-    ratio: Tensor, advantages: Tensor, cross: Tensor, omega_factor: Optional[Tensor], *, lower: float, alpha: float,
-    clip: bool, use_omega: bool
-) -> Tuple[Tensor, Metrics]:
-    """HACPO's cross term for every row (the caller keeps it on cross rows only) and its metrics."""
+# --- the cross term by cross_loss (sequence level) ------------------------------------------------
+
+
+@register_cross_loss("hacpo")
+def _hacpo_cross(x: LossInputs, s: LossSettings, ratio: Tensor, own_term: Tensor) -> Tuple[Tensor, Tensor, Metrics]:
+    """HACPO's cross term (Eqs. 12-14) for every row, and its metrics: the clamp [lower_m, 1] makes the
+    term constant outside it, whatever the sign of A."""
+    lower = x.cross_lower
+    if lower is None:
+        if bool(x.cross.any()):
+            raise ValueError("cross responses with cross_loss='hacpo' need cross_lower (lower_m of Eq. 14, "
+                             "e.g. `cross_clip_lower(m, delta, delta_step)`)")
+        lower = 1.0  # no cross row reads it
+    lower = float(lower)
+    omega_factor = _omega(x, ratio, s.use_omega)  # [B]
+    term = hacpo_cross_term(ratio, x.advantages, omega_factor, lower=lower, alpha=s.alpha, clip=s.cross_clip)
+    r = ratio.detach()  # [B]
+    nograd = ((r < lower) | (r > 1.0)) if s.cross_clip else torch.zeros_like(r, dtype=torch.bool)  # [B]
     metrics: Metrics = {}
+    if bool(x.cross.any()):
+        rc = r[x.cross]
+        low = (rc < lower) if s.cross_clip else torch.zeros_like(rc, dtype=torch.bool)
+        high = (rc > 1.0) if s.cross_clip else torch.zeros_like(rc, dtype=torch.bool)
+        metrics.update(_ratio_stats("cross", rc))
+        metrics.update(_fractions("cross", low, high))
+        metrics["clip/cross_lower"] = rc.new_tensor(lower)
+        metrics["omega/cross_mean"] = omega_factor.detach()[x.cross].mean()
+    return term, nograd, metrics
+
+
+@register_cross_loss("self")
+def _self_cross(x: LossInputs, s: LossSettings, ratio: Tensor, own_term: Tensor) -> Tuple[Tensor, Tensor, Metrics]:
+    """Naive sharing: the own-response term on partners' responses too."""
+    metrics: Metrics = {}
+    _ppo_metrics(metrics, "cross", ratio, x.advantages, x.cross, **s.clip)
+    return own_term, _ppo_nograd(ratio, x.advantages, **s.clip), metrics
+
+
+def _omega(x: LossInputs, ratio: Tensor, use_omega: bool) -> Tensor:
+    """[B] omega[source, k] per row; ones without the factor (and where no cross row needs it)."""
+    omega_factor = x.omega_factor
     if not use_omega:
         omega_factor = torch.ones_like(ratio)
     elif omega_factor is None:
-        if bool(cross.any()):
+        if bool(x.cross.any()):
             raise ValueError("cross responses with use_omega need omega_factor [B] = omega[source, learner]")
         omega_factor = torch.ones_like(ratio)
     elif omega_factor.shape != ratio.shape:
         raise ValueError(f"omega_factor must have shape {tuple(ratio.shape)}, got {tuple(omega_factor.shape)}")
-    omega_factor = omega_factor.to(ratio)
-    term = hacpo_cross_term(ratio, advantages, omega_factor, lower=lower, alpha=alpha, clip=clip)
-    if bool(cross.any()):
-        r = ratio.detach()[cross]
-        low = (r < lower) if clip else torch.zeros_like(r, dtype=torch.bool)
-        high = (r > 1.0) if clip else torch.zeros_like(r, dtype=torch.bool)
-        metrics.update(_ratio_stats("cross", r))
-        metrics.update(_fractions("cross", low, high))
-        metrics["clip/cross_lower"] = r.new_tensor(lower)
-        metrics["omega/cross_mean"] = omega_factor.detach()[cross].mean()
-    return term, metrics
+    return omega_factor.to(ratio)
+
+
+RATIO_LEVELS = tuple(RATIO_TERMS)
+"""`sequence`: GSPO's length-normalised ratio per response (Eq. 11); `token`: per-token ratios (GRPO)."""
+CROSS_LOSSES = tuple(CROSS_TERMS)
+"""`hacpo`: the cross term of Eqs. 12-14; `self`: the own-response term applied to partners' responses (naive)."""
+
+
+# --- the steps after the policy term --------------------------------------------------------------
+
+
+def _rollout_is_weight(x: LossInputs, cap: float, engine_logp: Optional[Tensor], metrics: Metrics) -> Tensor:
+    """[B, T] truncated importance weight of own tokens (`truncated_is_weight`), 1 on partners' rows."""
+    if x.old_logp is None or engine_logp is None:
+        raise ValueError(f"rollout_is_cap={cap} needs old_logp and engine_logp [B, T] of own responses")
+    own_tokens = x.mask & x.own[:, None]  # [B, T]
+    weight = truncated_is_weight(x.old_logp.to(x.logp_new), engine_logp, own_tokens, cap=cap)  # [B, T]
+    if bool(own_tokens.any()):
+        metrics["rollout_is/weight_mean"] = weight[own_tokens].mean()
+        metrics["rollout_is/capped_frac"] = (weight[own_tokens] >= cap).float().mean()
+    return weight
+
+
+def _kl_loss(x: LossInputs, s: LossSettings, ref_logp: Optional[Tensor], agg: Dict[str, Any]) -> Tensor:
+    """The KL to the reference on own tokens, aggregated like the policy term."""
+    if ref_logp is None:
+        raise ValueError(f"kl_coef={s.kl_coef} > 0 needs ref_logp [B, T] from the learner's reference model")
+    ref_logp = torch.where(x.mask, ref_logp.to(x.logp_new), torch.zeros_like(x.logp_new))  # [B, T]
+    return aggregate_loss(kl_penalty(x.logp_new, ref_logp, estimator=s.kl_estimator), x.mask & x.own[:, None], **agg)
 
 
 def _ppo_metrics(
