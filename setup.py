@@ -23,5 +23,6 @@ setup(
     packages=find_packages(include=["hacrl_lightning*"]) + list(DATA_DIRS) + CONFIG_GROUPS,
     package_dir=DATA_DIRS,
     package_data={**{package: ["*.yaml"] for package in ["hacrl_lightning.configs", *DATA_DIRS, *CONFIG_GROUPS]},
+                  "hacrl_lightning.configs.agents": ["*.yaml", "arch/*/*.json"],  # hub presets' architectures (memory plan)
                   "hacrl_lightning.agents": ["zoo_weights/*/*"]},
 )

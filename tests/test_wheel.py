@@ -69,6 +69,7 @@ def test_the_wheel_ships_configs_agents_and_scripts_and_runs_from_anywhere(insta
     where = shown[1].split()
     assert where[0] == "True" and Path(where[1]).is_relative_to(installed.parent) and REPO not in Path(where[1]).parents
     assert Path(where[1], "agents", "tiny_a.yaml").is_file()  # agents/ (a symlink in the repo) shipped as a group
+    assert Path(where[1], "agents", "arch", "Qwen", "Qwen3-4B.json").is_file()  # what the memory plan reads offline
 
     job = _run([installed / "hacrl-train", "--cfg", "job"], cwd=elsewhere, env=env).stdout
     assert "tiny_a:" in job and "tiny_b:" in job and "name: hacpo" in job

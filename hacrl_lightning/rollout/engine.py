@@ -78,6 +78,9 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Make the next `generate` use `model`'s current weights."""
 
+    def close(self) -> None:
+        """Release what the engine holds (its processes, its memory); it generates no more afterwards."""
+
 
 BACKENDS = ("hf", "vllm")
 """The backends `hacrl_lightning.rollout.make_engine` builds: `hf` (`hf.py`) and `vllm` (`vllm.py`)."""

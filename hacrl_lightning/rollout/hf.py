@@ -73,6 +73,9 @@ class HFEngine:
     free_logprobs = False
     """Log-probs cost a [batch, vocab] score tensor per generated token here: reported only when asked."""
 
+    def close(self) -> None:
+        """Nothing to release: the engine is the trainer's own model."""
+
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Sequence[int], pad_token_id: int,
                  batch_size: int = 64, synced_gpus: bool | None = None):
         if not eos_token_ids:

@@ -220,3 +220,13 @@ class VLLMEngine:
             write_weights(self.model_dir, items)
             self.llm.collective_rpc("reload_weights")
         self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down: its engine process and worker end. vLLM 0.32's `LLM` has no public shutdown;
+        its engine client's `shutdown` is what vLLM's own exit handler calls, which runs too late in a
+        multiprocessing child (it joins its child processes first, and the engine's wait for a shutdown that
+        never comes: `bench.py step --backend vllm` hung there). Idempotent."""
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if client is not None and not getattr(self, "_closed", False):
+            self._closed = True
+            client.shutdown()
