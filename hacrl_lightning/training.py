@@ -142,7 +142,7 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
     `extra_callbacks` are appended to the run's own."""
     started = time.time() if started is None else started
     quiet_libraries()
-    rank = rank_zero_only.rank
+    rank = launch_rank(cfg.trainer.devices)
     run_dir = Path(cfg.run_dir).resolve()
     with catch_signals():
         source, skipped = resume_checkpoint(cfg.resume) if cfg.resume else (None, [])
@@ -188,6 +188,17 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
             return summary
         finally:
             run.release()
+
+
+def launch_rank(devices: Any) -> int:
+    """This process's global rank as Lightning will set it, known before the Trainer exists (rank zero claims
+    the run directory): Lightning's own reading of RANK / SLURM_PROCID / LOCAL_RANK, or, in Lightning's plain
+    multi-node environment where a node is told only its NODE_RANK (docs/training.md#several-nodes),
+    node_rank * devices + local_rank."""
+    if "RANK" in os.environ or "SLURM_PROCID" in os.environ or "NODE_RANK" not in os.environ:
+        return rank_zero_only.rank
+    per_node = devices if isinstance(devices, int) and devices > 0 else 1
+    return int(os.environ["NODE_RANK"]) * per_node + int(os.environ.get("LOCAL_RANK", 0))
 
 
 def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, Any]]:
