@@ -42,11 +42,11 @@ def runs(tmp_path_factory, zoo_cache):
     assert record.returncode == 0, record.stderr[-3000:]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
-    # RANK as well: before Lightning starts, the run directory is claimed by rank zero only, and that rank is
-    # read from RANK (SLURM_PROCID under SLURM); with NODE_RANK alone both nodes take themselves for rank 0
-    # and, on one filesystem, the second is refused the run directory's lock
+    # NODE_RANK alone, as Lightning's plain environment has it: the run directory is claimed before Lightning
+    # starts, by the rank `training.launch_rank` derives from it (with RANK read first, both nodes took
+    # themselves for rank 0 and, on one filesystem, the second was refused the run directory's lock)
     nodes = [subprocess.Popen([sys.executable, SCRIPT, "replay-nodes", str(out), str(zoo_cache), CASE], cwd=REPO,
-                              env={**env, "NODE_RANK": str(rank), "RANK": str(rank)}, stdout=subprocess.PIPE,
+                              env={**env, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     try:
         outputs = [node.communicate(timeout=300) for node in nodes]
