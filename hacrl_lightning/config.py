@@ -74,7 +74,9 @@ class AgentConfig:
 @dataclass
 class AlgorithmConfig:
     """The RL algorithm. `name` is a preset of `hacrl_lightning.presets` (docs/spec.md §9);
-    each preset is also a file in `configs/algorithm/`. The defaults are the paper's HACPO."""
+    each preset is also a file in `configs/algorithm/`. The defaults are the paper's HACPO, and this class
+    is their one source: `configs/algorithm/hacpo.yaml` sets only the name, and every other file only
+    what its preset changes (docs/algorithms.md, "How to add an algorithm setting")."""
 
     name: str = "hacpo"
     """The preset this section was loaded from (chosen with `algorithm=<name>`, which loads its values;
@@ -148,25 +150,38 @@ class AlgorithmConfig:
     """`all` (the paper) or a positive int: partner responses per prompt a learner trains on,
     drawn uniformly with a seeded generator, so cost per learner need not grow with n."""
 
-    # the plain values each pure function of `hacrl_lightning.algorithms` takes (it never sees this class)
+    # the plain values each pure function of `hacrl_lightning.algorithms` takes (it never sees this class),
+    # from the field lists below
 
     def loss_settings(self) -> Dict[str, Any]:
         """Keyword arguments of `algorithms.hacpo_loss` (all but the per-mini-batch `cross_lower`)."""
-        return dict(ratio_level=self.ratio_level, clip_low=self.clip_low, clip_high=self.clip_high,
-                    cross_loss=self.cross_loss, alpha=self.alpha, cross_clip=self.cross_clip,
-                    use_omega=self.omega_factor, loss_agg_mode=self.loss_agg_mode, kl_coef=self.kl_coef,
-                    kl_estimator=self.kl_estimator, rollout_is_cap=self.rollout_is_cap,
-                    dual_clip_c=self.dual_clip_c)
+        return {LOSS_KEYWORDS.get(key, key): getattr(self, key) for key in LOSS_FIELDS}
 
     def advantage_settings(self) -> Dict[str, Any]:
         """Keyword arguments of `algorithms.compute_advantages`."""
-        return dict(advantage=self.advantage, capability_baseline=self.capability_baseline,
-                    scale_by_std=self.scale_by_std, baseline_guard=self.baseline_guard)
+        return {key: getattr(self, key) for key in ADVANTAGE_FIELDS}
 
     def capability_settings(self) -> Dict[str, Any]:
         """Keyword arguments of `algorithms.CapabilityWindow` (after the number of agents)."""
         return dict(window=self.capability_window, floor=self.capability_floor,
                     warmup_steps=self.capability_warmup_steps, clamp=(self.omega_min, self.omega_max))
+
+
+# Who reads each `AlgorithmConfig` field. Every field is in exactly one list, and LOSS_FIELDS (renamed by
+# LOSS_KEYWORDS) are exactly `hacpo_loss`'s settings (`algorithms.objective.SETTINGS`):
+# tests/test_config.py fails when a field is added to the dataclass but not here, or not to the loss.
+LOSS_FIELDS = ("ratio_level", "clip_low", "clip_high", "cross_loss", "alpha", "cross_clip", "omega_factor",
+               "loss_agg_mode", "kl_coef", "kl_estimator", "rollout_is_cap", "dual_clip_c")
+"""Read by `hacpo_loss` (`loss_settings()`)."""
+LOSS_KEYWORDS = {"omega_factor": "use_omega"}
+"""A loss field whose `hacpo_loss` keyword has another name."""
+ADVANTAGE_FIELDS = ("advantage", "capability_baseline", "scale_by_std", "baseline_guard")
+"""Read by `compute_advantages` (`advantage_settings()`)."""
+CAPABILITY_FIELDS = ("capability_window", "capability_floor", "capability_warmup_steps", "omega_min", "omega_max")
+"""Read by `CapabilityWindow` (`capability_settings()`)."""
+TRAINER_FIELDS = ("name", "share_rollouts", "delta", "delta_step", "rollout_multiplier", "cross_samples_per_prompt")
+"""Read by the trainer itself: the preset's name, who trains on whose responses, the stepwise clip schedule
+(`callbacks/clip_schedule.py`), the rollout count, and the cross samples per prompt."""
 
 
 @dataclass

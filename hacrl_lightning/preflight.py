@@ -49,8 +49,7 @@ from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
 from hacrl_lightning.algorithms.advantages import ADVANTAGES
-from hacrl_lightning.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
-from hacrl_lightning.algorithms.objective import CROSS_LOSSES, RATIO_LEVELS
+from hacrl_lightning.algorithms.objective import LOSS_MODES
 from hacrl_lightning.config import AgentConfig, DataConfig, EvaluateConfig, TrainConfig, TrainerConfig, \
     config_problems, evaluate_problems
 from hacrl_lightning.data.benchmarks import BENCHMARKS, SYNTHETIC, BenchmarkLoadError, hub_fix as benchmark_fix
@@ -81,10 +80,8 @@ def name_problems(cfg: TrainConfig) -> List[Problem]:
     if alg.name not in names:
         c.bad("algorithm.name", alg.name, suggest(alg.name, names), "pick a preset: algorithm=<name>")
     c.choice("algorithm.advantage", alg.advantage, ADVANTAGES)
-    c.choice("algorithm.ratio_level", alg.ratio_level, RATIO_LEVELS)
-    c.choice("algorithm.cross_loss", alg.cross_loss, CROSS_LOSSES)
-    c.choice("algorithm.loss_agg_mode", alg.loss_agg_mode, LOSS_AGG_MODES)
-    c.choice("algorithm.kl_estimator", alg.kl_estimator, KL_ESTIMATORS)
+    for key, known in LOSS_MODES.items():  # ratio_level, cross_loss, loss_agg_mode, kl_estimator
+        c.choice(f"algorithm.{key}", getattr(alg, key), known)
     c.choice("rollout.backend", cfg.rollout.backend, BACKENDS)
     if cfg.data.name not in task_names():
         c.bad("data.name", cfg.data.name, suggest(cfg.data.name, task_names()), "pick a task, e.g. data=synthetic")

@@ -2,8 +2,9 @@
 per-pair values combine with them.
 
 A preset is an `AlgorithmConfig` whose switches say which HACPO component is on. Each preset
-differs from `hacpo` only in the component it names (`defining_values`); `configs/algorithm/<name>.yaml`
-holds the same values for Hydra (a test keeps the two equal). An experiment's `PairConfig` (Table 5:
+differs from `hacpo` only in the component it names (`defining_values`). This module is the presets'
+source and `AlgorithmConfig` the defaults': `configs/algorithm/<name>.yaml` holds, for Hydra, only the
+fields in which the preset differs from the file it starts from (tests/test_config.py keeps them equal). An experiment's `PairConfig` (Table 5:
 alpha, delta, delta_step) is resolved into the chosen preset by `resolve_algorithm`, and
 `composition_problems` refuses what cannot be honoured; both are pure functions of dataclasses.
 Deliberately not here: the math (`hacrl_lightning.algorithms` reads the switches and does not import

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
+import yaml
 
+from hacrl_lightning.algorithms import CapabilityWindow, compute_advantages
+from hacrl_lightning.algorithms.objective import SETTINGS
 from hacrl_lightning.cli import CONFIG_DIR, agent_key, compose_config, group_options, save_resolved
-from hacrl_lightning.config import AgentConfig, TrainConfig
+from hacrl_lightning.config import (ADVANTAGE_FIELDS, CAPABILITY_FIELDS, LOSS_FIELDS, LOSS_KEYWORDS, TRAINER_FIELDS,
+                                    AgentConfig, AlgorithmConfig, TrainConfig)
 from hacrl_lightning.errors import UNKNOWN_KEY, ConfigError
 from hacrl_lightning.preflight import validate
 from hacrl_lightning.presets import PRESETS
@@ -57,6 +62,28 @@ def test_algorithm_files_equal_registry_presets():
     for name, preset in PRESETS.items():
         cfg, _ = compose_config([f"algorithm={name}", "agents=[tiny_a,tiny_b]"])
         assert cfg.algorithm == preset, name
+
+
+def test_algorithm_files_hold_only_what_their_preset_changes():
+    # one source each: AlgorithmConfig holds the defaults (hacpo.yaml sets only its name), presets.py the
+    # presets; each file sets exactly the fields in which its preset differs from the file it starts from
+    for name, preset in PRESETS.items():
+        text = yaml.safe_load((CONFIG_DIR / "algorithm" / f"{name}.yaml").read_text())
+        parents = [entry for entry in text.pop("defaults", []) if entry != "_self_"]
+        parent = PRESETS[parents[0]] if parents else AlgorithmConfig()
+        changed = {f.name: getattr(preset, f.name) for f in fields(AlgorithmConfig)
+                   if f.name == "name" or getattr(preset, f.name) != getattr(parent, f.name)}
+        assert text == changed, f"configs/algorithm/{name}.yaml: write {changed}, as presets.py defines {name}"
+
+
+def test_every_algorithm_field_has_one_reader_and_the_loss_takes_each_loss_field():
+    # a field added to the dataclass but to no reader, or to the loss on one side only, fails here
+    readers = LOSS_FIELDS + ADVANTAGE_FIELDS + CAPABILITY_FIELDS + TRAINER_FIELDS
+    assert sorted(readers) == sorted(f.name for f in fields(AlgorithmConfig)), "each field in exactly one list"
+    loss = {LOSS_KEYWORDS.get(key, key) for key in LOSS_FIELDS}
+    assert loss == set(SETTINGS), f"only in config.LOSS_FIELDS: {loss - set(SETTINGS)}; only in LossSettings: {set(SETTINGS) - loss}"
+    assert set(ADVANTAGE_FIELDS) <= set(inspect.signature(compute_advantages).parameters)
+    assert set(AlgorithmConfig().capability_settings()) <= set(inspect.signature(CapabilityWindow).parameters)
 
 
 # --- selecting agents ----------------------------------------------------------------------------

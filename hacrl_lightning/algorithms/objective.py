@@ -38,7 +38,7 @@ from hacrl_lightning.algorithms.losses import (
 )
 
 __all__ = [
-    "ANSWERS", "CROSS_LOSSES", "CROSS_TERMS", "METRIC_NAMES", "RATIO_LEVELS", "RATIO_TERMS", "SETTINGS", "LossSettings",
+    "ANSWERS", "CROSS_LOSSES", "CROSS_TERMS", "LOSS_MODES", "METRIC_NAMES", "RATIO_LEVELS", "RATIO_TERMS", "SETTINGS", "LossSettings",
     "hacpo_loss", "register_cross_loss", "register_ratio_level",
 ]
 
@@ -105,8 +105,7 @@ class LossSettings:
     rollout_is_cap: float = 0.0
 
     def __post_init__(self) -> None:
-        for key, known in (("ratio_level", RATIO_TERMS), ("cross_loss", CROSS_TERMS),
-                           ("loss_agg_mode", LOSS_AGG_MODES), ("kl_estimator", KL_ESTIMATORS)):
+        for key, known in LOSS_MODES.items():
             if getattr(self, key) not in known:
                 raise ValueError(f"unknown {key} {getattr(self, key)!r}: known {sorted(known)}")
 
@@ -115,6 +114,9 @@ class LossSettings:
         return dict(clip_low=self.clip_low, clip_high=self.clip_high)
 
 
+LOSS_MODES = {"ratio_level": RATIO_TERMS, "cross_loss": CROSS_TERMS, "loss_agg_mode": LOSS_AGG_MODES,
+              "kl_estimator": KL_ESTIMATORS}
+"""The settings that name a registered mode, with the known names (`preflight.name_problems` checks each)."""
 SETTINGS: Tuple[str, ...] = tuple(f.name for f in fields(LossSettings))
 """`hacpo_loss`'s setting keywords (`AlgorithmConfig.loss_settings()` must give exactly these; a test keeps them equal)."""
 
