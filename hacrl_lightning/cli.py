@@ -41,6 +41,7 @@ from omegaconf.errors import OmegaConfBaseException
 import hacrl_lightning.config as schema
 from hacrl_lightning.config import AgentConfig, EvaluateConfig, TrainConfig
 from hacrl_lightning.errors import UNKNOWN_KEY, ConfigError, Problem, suggest
+from hacrl_lightning.files import write_atomically
 from hacrl_lightning.preflight import check_evaluate, check_run, pure_problems, validate, validate_evaluate
 from hacrl_lightning.presets import composition_problems, resolve_algorithm
 from hacrl_lightning import run_dir as run_dir_module
@@ -406,11 +407,7 @@ def compose_evaluate(overrides: Sequence[str] = (), *, preflight: bool = False) 
 def save_resolved(dcfg: DictConfig, run_dir: Path, name: str = "config.yaml") -> Path:
     """Write the resolved config (as `name`) in the run directory, atomically."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / name
-    tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(OmegaConf.to_yaml(dcfg, resolve=True))
-    tmp.replace(path)
-    return path
+    return write_atomically(run_dir / name, OmegaConf.to_yaml(dcfg, resolve=True))
 
 
 def wants_help(argv: Sequence[str]) -> bool:

@@ -39,6 +39,7 @@ from hacrl_lightning.config import TrainConfig
 from hacrl_lightning.console import quiet_libraries
 from hacrl_lightning.data.records import PromptDataset
 from hacrl_lightning.errors import ConfigError
+from hacrl_lightning.files import write_atomically
 from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule, UpdateSettings
@@ -232,24 +233,14 @@ def _record_start(run_dir: Path, cfg: TrainConfig, config_yaml: str | None, *, c
     if changes:
         print("resume: changed " + ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items()))
     if config_yaml is not None:
-        _write_atomically(run_dir / ("config.resumed.yaml" if continuing else "config.yaml"), config_yaml)
+        write_atomically(run_dir / ("config.resumed.yaml" if continuing else "config.yaml"), config_yaml)
     if not continuing:  # the settings the run was started with (a continued run keeps its own)
-        _write_atomically(run_dir / "run_config.json", json.dumps(config_dict(cfg), indent=2) + "\n")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a full disk: leave no empty .tmp behind
-        raise
+        write_atomically(run_dir / "run_config.json", json.dumps(config_dict(cfg), indent=2) + "\n")
 
 
 def _write_summary(trainer: pl.Trainer, run_dir: Path, summary: dict[str, Any]) -> None:
     if trainer.is_global_zero:
-        _write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_atomically(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
 def _write_failed_summary(trainer: pl.Trainer, run_dir: Path, summary: dict[str, Any]) -> None:

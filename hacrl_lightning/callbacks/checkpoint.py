@@ -4,7 +4,7 @@ newest intact one found for resume.
 A checkpoint is Lightning's full training state (every agent, every optimizer and LR schedule,
 callback states such as the capability window, the data position, loop counters). It is written
 to `step_XXXXXXX.ckpt.partial`, flushed to disk (fsync), and renamed to `step_XXXXXXX.ckpt` only
-when complete (then the directory entry is fsynced too), so a process killed mid-write leaves the
+when complete (then the directory entry is fsynced too; `files.py`), so a process killed mid-write leaves the
 previous checkpoints untouched and `latest_checkpoint` never returns a partial one; a stale
 `.partial` is removed by the next save of that step. Budgets count training steps, not
 Lightning's `global_step`.
@@ -41,6 +41,7 @@ import torch
 from lightning.pytorch import Callback
 
 from hacrl_lightning.errors import RunFailed
+from hacrl_lightning.files import fsync_tree, replace_durably
 from hacrl_lightning.run_dir import run_dir_of
 
 CHECKPOINT_RE = re.compile(r"^step_(\d+)\.ckpt$")
@@ -70,7 +71,7 @@ def save_atomically(trainer, path: Path) -> Path:
     error = _attempt(lambda: trainer.save_checkpoint(str(partial), weights_only=False))  # optimizers, callbacks too
     trainer.strategy.barrier()
     if trainer.is_global_zero and error is None:
-        error = _attempt(lambda: _fsync_tree(partial))
+        error = _attempt(lambda: fsync_tree(partial))
     if not trainer.strategy.reduce_boolean_decision(error is None, all=True):  # every rank agrees
         if trainer.is_global_zero:
             _remove(partial)
@@ -80,8 +81,7 @@ def save_atomically(trainer, path: Path) -> Path:
         _crash_hook(partial)
         if path.exists():
             _remove(path)
-        os.replace(partial, path)
-        _fsync_dir(path.parent)
+        replace_durably(partial, path)
     trainer.strategy.barrier()
     return path
 
@@ -143,28 +143,6 @@ def not_saved_message(path: Path, reason: str) -> str:
                        f"larger disk), then continue with resume={run}")
     return head + (f"No checkpoint was saved before it: free space there, or choose a run_dir on a larger disk, then "
                    f"start again (overwrite=true to reuse {run})")
-
-
-def _fsync_tree(path: Path) -> None:
-    """Flush a checkpoint file, or every file of a distributed checkpoint directory, to disk."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        with open(file, "rb+") as handle:
-            os.fsync(handle.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in `directory` durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _crash_hook(partial: Path) -> None:
