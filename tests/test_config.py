@@ -81,7 +81,8 @@ def test_every_algorithm_field_has_one_reader_and_the_loss_takes_each_loss_field
     readers = LOSS_FIELDS + ADVANTAGE_FIELDS + CAPABILITY_FIELDS + TRAINER_FIELDS
     assert sorted(readers) == sorted(f.name for f in fields(AlgorithmConfig)), "each field in exactly one list"
     loss = {LOSS_KEYWORDS.get(key, key) for key in LOSS_FIELDS}
-    assert loss == set(SETTINGS), f"only in config.LOSS_FIELDS: {loss - set(SETTINGS)}; only in LossSettings: {set(SETTINGS) - loss}"
+    assert loss == set(SETTINGS), (f"only in config.LOSS_FIELDS: {loss - set(SETTINGS)}; "
+                                   f"only in LossSettings: {set(SETTINGS) - loss}")
     assert set(ADVANTAGE_FIELDS) <= set(inspect.signature(compute_advantages).parameters)
     assert set(AlgorithmConfig().capability_settings()) <= set(inspect.signature(CapabilityWindow).parameters)
 

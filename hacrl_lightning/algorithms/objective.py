@@ -38,8 +38,8 @@ from hacrl_lightning.algorithms.losses import (
 )
 
 __all__ = [
-    "ANSWERS", "CROSS_LOSSES", "CROSS_TERMS", "LOSS_MODES", "METRIC_NAMES", "RATIO_LEVELS", "RATIO_TERMS", "SETTINGS", "LossSettings",
-    "hacpo_loss", "register_cross_loss", "register_ratio_level",
+    "ANSWERS", "CROSS_LOSSES", "CROSS_TERMS", "LOSS_MODES", "METRIC_NAMES", "RATIO_LEVELS", "RATIO_TERMS", "SETTINGS",
+    "LossSettings", "hacpo_loss", "register_cross_loss", "register_ratio_level",
 ]
 
 ANSWERS = ("correct", "wrong")
@@ -118,7 +118,8 @@ LOSS_MODES = {"ratio_level": RATIO_TERMS, "cross_loss": CROSS_TERMS, "loss_agg_m
               "kl_estimator": KL_ESTIMATORS}
 """The settings that name a registered mode, with the known names (`preflight.name_problems` checks each)."""
 SETTINGS: Tuple[str, ...] = tuple(f.name for f in fields(LossSettings))
-"""`hacpo_loss`'s setting keywords (`AlgorithmConfig.loss_settings()` must give exactly these; a test keeps them equal)."""
+"""`hacpo_loss`'s setting keywords (`AlgorithmConfig.loss_settings()` gives exactly these; tests/test_config.py
+keeps the two equal)."""
 
 
 @dataclass(frozen=True, eq=False)
