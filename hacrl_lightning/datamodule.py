@@ -14,9 +14,9 @@ advantages and optimizer steps (the module), and the math of retokenization (exc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -30,11 +30,7 @@ from hacrl_lightning.data.records import Example, PromptDataset
 from hacrl_lightning.evaluation import answer_rewards
 from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
 from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
-
-
-def step_seed(seed: int, step: int, salt: int = 0) -> int:
-    """A reproducible seed for (run seed, training step, salt) that stays within 63 bits."""
-    return (seed * 1_000_003 + step * 10_007 + salt * 101 + 17) % (2**63 - 1)
+from hacrl_lightning.step import StepBatch, step_seed
 
 
 class StepBatchSampler(Sampler[list[int]]):
@@ -97,27 +93,6 @@ class ResumableLoader(DataLoader):
         self.served = 0
 
 
-@dataclass
-class StepBatch:
-    """One training step over the global batch (every rank's prompts, in rank order), whole:
-    `rollouts[(p * n + j) * G + i]` is sample i of agent j on prompt p, `rewards[p, j, i]` its reward,
-    and `views[learner]` the learner's token view of the responses it trains on (all of them when
-    rollouts are shared, its own otherwise); a view's `row_idx` indexes this flat order."""
-
-    examples: list[Example]
-    rollouts: list[Rollout]
-    rewards: torch.Tensor                      # [P, n, G]
-    views: dict[str, AgentView]
-    reward_stats: dict[str, int] = field(default_factory=dict)
-    """The reward pool's counters (timeouts, crashes) summed over ranks."""
-    timings: dict[str, float] = field(default_factory=dict)
-    """This rank's seconds of generation (`rollout`), scoring (`reward`) and retokenization (`exchange`)."""
-
-    @property
-    def group_size(self) -> int:
-        return self.rewards.shape[2]
-
-
 def _own_copy(exported: Path, rank: int) -> Path:
     """This rank's copy of an agent's export, for its own engine to load and sync through (ranks must not
     write one directory at once). Rank 0 wrote the export (`Agent.export`); every rank waits for it."""
@@ -161,6 +136,9 @@ class RolloutDataModule(pl.LightningDataModule):
         """Prompts dropped at set-up for being longer than an agent's max_prompt_len, per split
         (`data.filters.drop_overlong_prompts`); None when `data.filter_overlong_prompts` is off."""
         self._loader: ResumableLoader | None = None
+        self.phase_listeners: list[Callable[[str], None]] = []
+        """Called with a phase's name as `rollout` enters it ("rollout", "reward", "exchange"): a seam for the
+        benchmark's per-phase memory (`bench/step.py`); the phases' times are the step's `timings`."""
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
@@ -235,10 +213,12 @@ class RolloutDataModule(pl.LightningDataModule):
         once on the rank that generated them, gathered so every rank holds the global batch, then each
         learner's view of the responses it trains on."""
         examples, group, n = list(examples), self.group_size, len(self.names)
+        self._phase("rollout")
         start = time.perf_counter()
         generations = self.generate(examples, step=step, n=group)
         rollout_s = time.perf_counter() - start
 
+        self._phase("reward")
         start = time.perf_counter()
         per_source = {name: make_rollouts(self.agents[name], examples, generations[name]) for name in self.names}
         rollouts: list[Rollout] = [rollout for p in range(len(examples)) for name in self.names  # prompt-major,
@@ -247,14 +227,19 @@ class RolloutDataModule(pl.LightningDataModule):
         for rollout, reward in zip(rollouts, self.reward_pool.score([r.response for r in rollouts], golds)):
             rollout.reward = reward
         reward_s = time.perf_counter() - start
-        examples, rollouts, reward_stats = self._gather(examples, rollouts)
+        examples, rollouts, reward_stats = self.gather(examples, rollouts)
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32).view(len(examples), n, group)
 
+        self._phase("exchange")
         start = time.perf_counter()
         views = self._views(examples, rollouts)
         exchange_s = time.perf_counter() - start
         return StepBatch(examples, rollouts, rewards, views, reward_stats,
                          {"rollout": rollout_s, "reward": reward_s, "exchange": exchange_s})
+
+    def _phase(self, phase: str) -> None:
+        for listener in self.phase_listeners:
+            listener(phase)
 
     def _views(self, examples: list[Example], rollouts: list[Rollout]) -> dict[str, AgentView]:
         """Each learner's token view (`exchange.view_for`): every response when rollouts are shared, else
@@ -267,10 +252,11 @@ class RolloutDataModule(pl.LightningDataModule):
                                    prompt_ids=prompt_ids, rows=rows)
         return views
 
-    def _gather(self, examples: list[Example], rollouts: list[Rollout]):
+    def gather(self, examples: list[Example], rollouts: list[Rollout]):
         """Every rank's prompts and scored rollouts, in rank order (= the global batch's prompt order,
         `StepBatchSampler`), and the reward pool's counters summed over ranks: each rank then holds
-        the whole step, so the step plan is global (`hacrl_lightning.plan`)."""
+        the whole step, so the step plan is global (`hacrl_lightning.plan`). A public seam: tests wrap it
+        to change a step's scored rollouts before the views are built."""
         stats = dict(self.reward_pool.stats)
         if self._world == 1:
             return examples, rollouts, stats

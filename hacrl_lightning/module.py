@@ -1,9 +1,9 @@
 """HACRLModule: N agents, one optimizer each, manual optimization, one HACPO step per prompt batch.
 
 `training_step` reads top to bottom as Algorithm 1 of the paper (docs/spec.md §7). Lightning hands it
-only the step's prompt batch; the module fetches the step itself by calling the DataModule's
-`rollout(batch, step=...)` through `self.trainer.datamodule`, which returns a `StepBatch` (rollouts from
-every agent's current weights, one reward per response, each learner's token view). Then: the
+only the step's prompt batch; the module fetches the step itself from the rollout source it is given
+(`step.RolloutSource`: the run's DataModule), whose `rollout(batch, step=...)` returns a `StepBatch`
+(rollouts from every agent's current weights, one reward per response, each learner's token view). Then: the
 capability window and omega, each source's old log-probs (one forward pass
 over its own responses, shared by every learner), then for each learner its advantages and its
 mini-batches ordered own-first, each with the cross-ratio lower bound the clip-schedule callback gives
@@ -14,7 +14,9 @@ global mini-batch, so an update is the one a single device would make on the who
 hold only the learner's own responses, so one run compares like with like. A non-finite loss or
 gradient skips that learner's update, leaving its weights and optimizer state as they were; any other
 exception in an update ends the run naming the agent and the setting (`UpdateFailed`); the step's
-metrics count degenerate rollouts (docs/reliability.md).
+metrics count degenerate rollouts (docs/reliability.md). The update's stateless parts (the micro-batch
+passes and their zero-weight rule, a micro-batch's loss inputs) are `update.py`, the gradient-share
+diagnostic `grad_share.py`.
 
 Metrics reach the loggers one way: `report()`, used by the module and by the callbacks, and written
 once per step. Deliberately not here: sampling, rewards and retokenization (the DataModule and
@@ -26,7 +28,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from functools import partial
+from typing import Callable, Mapping, Protocol
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
@@ -37,10 +40,12 @@ from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.agents.exchange import AgentView
 from hacrl_lightning.algorithms import CapabilityWindow, compute_advantages, hacpo_loss, sequence_mean_logp, step_accuracy
 from hacrl_lightning.config import AlgorithmConfig, parse_cross_samples
-from hacrl_lightning.datamodule import StepBatch, step_seed
 from hacrl_lightning.errors import RunFailed
+from hacrl_lightning.grad_share import measure_grad_share
 from hacrl_lightning.loss_stats import LossStats
 from hacrl_lightning.plan import StepPlan, learner_order
+from hacrl_lightning.step import RolloutSource, StepBatch, step_seed
+from hacrl_lightning.update import LearnerTables, MicroBatch, loss_inputs, micro_batches, total_grad_norm
 
 
 class NonFiniteError(RunFailed):
@@ -103,10 +108,11 @@ def _detach_mean(values: list[torch.Tensor]) -> float:
 class HACRLModule(pl.LightningModule):
     """agents: the run's agents in config order (= optimizer order); algorithm: the resolved preset;
     update: sizes and limits of the update loop; capability: the window its callback owns and saves;
-    clip_schedule: the source of each mini-batch's cross lower bound."""
+    clip_schedule: the source of each mini-batch's cross lower bound; rollouts: the source of each
+    training step (the run's DataModule)."""
 
     def __init__(self, agents: dict[str, Agent], *, algorithm: AlgorithmConfig, update: UpdateSettings,
-                 capability: CapabilityWindow, clip_schedule: CrossLowerBound):
+                 capability: CapabilityWindow, clip_schedule: CrossLowerBound, rollouts: RolloutSource):
         super().__init__()
         self.alg = algorithm
         self.settings = update
@@ -120,6 +126,7 @@ class HACRLModule(pl.LightningModule):
                 self.references[name] = reference
         self.capability = capability
         self.clip_schedule = clip_schedule
+        self.rollouts = rollouts
         self.loss_settings = algorithm.loss_settings()
         self.advantage_settings = algorithm.advantage_settings()
         self.cross_cap = parse_cross_samples(self.alg.cross_samples_per_prompt)
@@ -134,6 +141,9 @@ class HACRLModule(pl.LightningModule):
         self.diagnostics: dict[str, list[tuple[int, float]]] = {}
         """Every step's diagnostics (`{agent}/diag/*`, `{agent}/omega/*`) as (step, value), for the summary."""
         self._pending: dict[str, float] = {}
+        self.phase_listeners: list[Callable[[str], None]] = []
+        """Called with a phase's name as the step enters it ("old_logprobs", "update", "logging"): a seam for
+        the benchmark's per-phase memory (`bench/step.py`); the phases' times are the `time/*` metrics."""
 
     # -- metrics: one way in ----------------------------------------------------------------------
 
@@ -203,7 +213,7 @@ class HACRLModule(pl.LightningModule):
         step = self.steps_done
 
         # 1-3. the step whole from the DataModule: rollouts of the current weights, rewards, each learner's view
-        data: StepBatch = self.trainer.datamodule.rollout(batch, step=step)
+        data: StepBatch = self.rollouts.rollout(batch, step=step)
         for name in self.names:
             self.counters[name]["rollouts_generated"] += len(data.examples) * data.group_size
 
@@ -214,21 +224,25 @@ class HACRLModule(pl.LightningModule):
 
         # 5-6a. each learner's global plan; each source's old log-probs on its own responses
         plans = {name: self._plan(data.views[name], k, step) for k, name in enumerate(self.names)}
+        self._phase("old_logprobs")
         start = time.perf_counter()
         old_mean, old_tokens, ref_tokens, mismatch = self._old_logprobs(data.views, plans, data.rewards.numel())
         old_s = time.perf_counter() - start
 
         # 6b-c. advantages from the joint rewards, then each learner's mini-batches
         advantages = compute_advantages(data.rewards, omega, **self.advantage_settings)     # [n, P, n, G]
+        self._phase("update")
         start = time.perf_counter()
         metrics: dict[str, float] = {}
         every = self.settings.diagnostics_every
         grad_share = every > 0 and (step + 1) % every == 0  # the every-th step, counting from 1
         for k, name in enumerate(self.names):
+            tables = LearnerTables.of_step(data.views[name], k, advantages=advantages[k].flatten(), old_mean=old_mean,
+                                           old_tokens=old_tokens[name], ref_tokens=ref_tokens.get(name), omega=omega,
+                                           rewards=data.rewards.flatten())
             try:
-                metrics.update(self._update_learner(k, name, data.views[name], plans[name], advantages[k].flatten(),
-                                                    old_mean, old_tokens[name], ref_tokens.get(name), omega,
-                                                    rewards=data.rewards.flatten(), grad_share=grad_share))
+                metrics.update(self.update_learner(k, name, data.views[name], plans[name], tables,
+                                                   grad_share=grad_share))
             except RunFailed:
                 raise
             except Exception as err:  # noqa: BLE001 - any fault of an update ends the run naming the agent
@@ -241,6 +255,7 @@ class HACRLModule(pl.LightningModule):
 
         # 7. weight sync runs in WeightSyncCallback; metrics
         self.steps_done += 1
+        self._phase("logging")
         metrics.update(self._rollout_metrics(data, acc, omega))
         metrics.update(self._view_metrics(data.views))
         metrics.update(mismatch)
@@ -260,6 +275,10 @@ class HACRLModule(pl.LightningModule):
                      on_step=True, on_epoch=False, batch_size=len(batch))
 
     # -- pieces of the step -----------------------------------------------------------------------
+
+    def _phase(self, phase: str) -> None:
+        for listener in self.phase_listeners:
+            listener(phase)
 
     @property
     def _rank_world(self) -> tuple[int, int]:
@@ -294,15 +313,16 @@ class HACRLModule(pl.LightningModule):
             old_tokens[name] = torch.zeros(view.input_ids.shape)                            # [B, T]
             if name in self.references:
                 ref_tokens[name] = torch.zeros(view.input_ids.shape)
-            for batch_rows in plans[name].micro_batches_where(view.is_own, self.settings.micro_batch_size):
-                dummy = len(batch_rows) == 0  # this rank has fewer rows: a forward all the same (FSDP collectives)
-                micro = view.select(torch.nonzero(view.is_own).flatten()[:1] if dummy else batch_rows).to(self.device)
+            pieces = plans[name].micro_batches_where(view.is_own, self.settings.micro_batch_size)
+            for micro_batch in micro_batches(pieces, stand_in=torch.nonzero(view.is_own).flatten()[:1]):
+                batch_rows = micro_batch.rows
+                micro = view.select(batch_rows).to(self.device)
                 logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
                 ref = None
                 if name in self.references:
                     ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask,
                                                                temperature=agent.cfg.temperature)
-                if dummy:
+                if not micro_batch.counts:  # a forward all the same: FSDP's collectives
                     continue
                 old_tokens[name][batch_rows, : logp.shape[1]] = logp.float().cpu()
                 known = micro.loss_mask & torch.isfinite(micro.engine_logp)                # [b, T]
@@ -336,13 +356,13 @@ class HACRLModule(pl.LightningModule):
                 for key, value in ((f"{name}/rollout/logp_diff_mean", float(diffs[k, 0] / diffs[k, 1])),
                                    (f"{name}/rollout/logp_diff_max", float(maxima[k])))}
 
-    def _update_learner(self, k: int, name: str, view: AgentView, plan: StepPlan, adv_k: torch.Tensor,
-                        old_mean: torch.Tensor, old_tokens: torch.Tensor, ref_tokens: torch.Tensor | None,
-                        omega: torch.Tensor, *, rewards: torch.Tensor, grad_share: bool = False) -> dict[str, float]:
-        """All mini-batch updates of learner k in this step; returns its metrics that need no reduction
-        over ranks and adds the loss metrics to `self.loss_stats`. adv_k, old_mean, rewards: [P·n·G] in
-        the step's flat order. `grad_share`: first measure the gradient share of cross responses
-        (`_grad_share`, before the update and without changing it).
+    def update_learner(self, k: int, name: str, view: AgentView, plan: StepPlan, tables: LearnerTables, *,
+                       grad_share: bool = False) -> dict[str, float]:
+        """All mini-batch updates of learner k (`name`) in this step, over its view and plan with its
+        tables (`LearnerTables.of_step`); returns its metrics that need no reduction over ranks and adds
+        the loss metrics to `self.loss_stats`. `grad_share`: first measure the gradient share of cross
+        responses (`grad_share.py`, before the update and without changing it). A public seam: tests wrap
+        it to watch one learner's update.
 
         Each mini-batch is normalised over the *global* mini-batch (its sequences, or its tokens for
         token-mean), and this rank's loss is scaled by the world size because FSDP averages gradients
@@ -350,54 +370,28 @@ class HACRLModule(pl.LightningModule):
         agent = self.agents[name]
         opts, scheds = self._optimizers()
         opt, sched = opts[name], scheds[name]
-        _, world = self._rank_world
-        advantages = adv_k[view.row_idx]                                                     # [B]
-        old_logp_mean = old_mean[view.row_idx]                                               # [B]
-        omega_factor = omega[view.source_idx, k]                                            # [B]  omega[j, k]
         token_level = self.alg.ratio_level == "token"
-        on_device = lambda t: t.to(self.device)  # noqa: E731
         lowers = [self.clip_schedule.lower(m) for m in range(len(plan))]                   # Eq. 14, the callback's
-
-        def micro_loss(m: int, rows: torch.Tensor, part: str | None = None):
-            """hacpo_loss of rows of mini-batch m, normalised over the global mini-batch; `part` ("self" or
-            "cross") keeps only those responses' terms (the others get no tokens, so the parts sum to the loss)."""
-            mini = plan.mini_batches[m]
-            micro = view.select(rows).to(self.device)
-            logp = agent.token_logprobs(micro.input_ids, micro.attention_mask,
-                                        temperature=agent.cfg.temperature)                  # [b, T]
-            width = logp.shape[1]
-            loss_mask = micro.loss_mask                                                     # [b, T]
-            if part is not None:
-                loss_mask = loss_mask & (micro.is_own if part == "self" else ~micro.is_own)[:, None]
-            return hacpo_loss(
-                logp_new=logp, loss_mask=loss_mask, advantages=on_device(advantages[rows]),
-                is_own=micro.is_own, **self.loss_settings, cross_lower=lowers[m],
-                old_logp_mean=on_device(old_logp_mean[rows]),
-                old_logp=on_device(old_tokens[rows, :width]),
-                omega_factor=on_device(omega_factor[rows]),
-                ref_logp=None if ref_tokens is None else on_device(ref_tokens[rows, :width]),
-                total_tokens=on_device(view.loss_mask[mini].sum().clamp(min=1)),            # global mini-batch
-                total_seqs=on_device(torch.tensor(float(len(mini)))),
-                loss_scale_factor=float(agent.cfg.max_response_len),
-                engine_logp=on_device(micro.engine_logp) if self.alg.rollout_is_cap > 0 else None,
-                rewards=None if part is not None else on_device(rewards[view.row_idx[rows]]),
-            ), micro
-
-        diagnostics = self._grad_share(name, opt, view, plan, micro_loss) if grad_share else {}
+        diagnostics = {}
+        if grad_share:
+            start = time.perf_counter()
+            # the optimizer's parameters: under FSDP2 the sharded ones the gradients land on (between a
+            # forward and its backward, `agent.parameters()` may hold unsharded stand-ins)
+            params = [p for group in opt.param_groups for p in group["params"]]
+            backward = partial(self._backward, agent, view, plan, tables, lowers)        # (m, micro_batch, part)
+            diagnostics = measure_grad_share(name, params, plan, view.is_own, self.settings.micro_batch_size, backward)
+            diagnostics[f"time/diagnostics/{name}"] = time.perf_counter() - start
         grad_norms, skipped = [], []
         for m, mini in enumerate(plan.mini_batches):
             opt.zero_grad(set_to_none=True)
             finite_loss = torch.ones((), dtype=torch.bool, device=self.device)
-            for rows in plan.micro_batches(m, self.settings.micro_batch_size):
-                dummy = len(rows) == 0  # a zero-weight pass keeps this rank in step with the others (FSDP)
-                rows = mini[:1] if dummy else rows
-                (loss, metrics), micro = micro_loss(m, rows)
-                self.manual_backward(loss * (0.0 if dummy else float(world)))
+            for micro_batch in micro_batches(plan.micro_batches(m, self.settings.micro_batch_size), stand_in=mini[:1]):
+                loss, metrics, micro = self._backward(agent, view, plan, tables, lowers, m, micro_batch)
                 finite_loss &= torch.isfinite(loss.detach())
-                if not dummy:
+                if micro_batch.counts:
                     own_tokens = (micro.loss_mask & micro.is_own[:, None]).sum() if token_level else None
                     self.loss_stats.update(name, metrics, own_weight=own_tokens)
-            grad_norm = self._clip(agent)
+            grad_norm = total_grad_norm(agent.parameters(), agent.cfg.grad_clip)
             if not self._finite_on_every_rank(finite_loss & torch.isfinite(grad_norm)):  # one sync per mini-batch
                 opt.zero_grad(set_to_none=True)  # skip: weights, optimizer state and LR schedule stay as they were
                 skipped.append(m)
@@ -412,66 +406,21 @@ class HACRLModule(pl.LightningModule):
         return {**diagnostics, f"{name}/grad_norm": _detach_mean(grad_norms), f"{name}/updates": float(len(grad_norms)),
                 f"{name}/skipped_updates": float(len(skipped)), f"{name}/mini_batches": float(len(plan)),
                 f"{name}/degenerate/zero_adv_frac":
-                    float((advantages[order] == 0).float().mean()) if len(order) else 0.0}
+                    float((tables.advantages[order] == 0).float().mean()) if len(order) else 0.0}
 
-    def _grad_share(self, name: str, opt, view: AgentView, plan: StepPlan, micro_loss) -> dict[str, float]:
-        """How much of learner `name`'s update comes from partners' responses, at the weights the step starts
-        from (docs/training.md#diagnostics). The step's gradient g = Σ_m ∇ loss_m (every mini-batch, each
-        normalised as in the update) splits exactly into g_self (own responses' terms and the KL) and
-        g_cross (partners' terms); each is accumulated by its own backward passes over the same
-        micro-batches, its norm taken with the clip's utility (DTensor-aware: global under FSDP), and
-
-            cross_grad_share = ‖g_cross‖ / (‖g_self‖ + ‖g_cross‖)   in [0, 1]; 0.5: equal magnitudes
-            grad_cos_self_cross = <g_self, g_cross> / (‖g_self‖·‖g_cross‖)  (from ‖g_self + g_cross‖)
-
-        The ratio of norms (not of squared norms) reads as relative magnitude; the two parts need not be
-        orthogonal, so neither form splits ‖g‖, and the cosine says whether they pull together. It changes
-        nothing: no optimizer step, no RNG drawn (dropout is off), and the gradients are cleared
-        (set to None) before the update starts. A part that no global mini-batch holds costs no pass (its
-        norm is 0), so a learner without partners' responses (gspo_x2) gets a share of 0 for free."""
-        start = time.perf_counter()
-        _, world = self._rank_world
-        # the optimizer's parameters: under FSDP2 the sharded ones the gradients land on (between a forward
-        # and its backward, `agent.parameters()` may hold unsharded stand-ins)
-        params = [p for group in opt.param_groups for p in group["params"]]
-        norms, saved = {}, []
-        for part in ("self", "cross"):
-            holds = view.is_own if part == "self" else ~view.is_own                         # [B]
-            for p in params:
-                p.grad = None
-            if part == "cross" and not bool(holds.any()):
-                norms[part] = 0.0
-                continue
-            for m, mini in enumerate(plan.mini_batches):
-                if not bool(holds[mini].any()):  # the global mini-batch: every rank skips it alike
-                    continue
-                for rows in plan.micro_batches(m, self.settings.micro_batch_size):
-                    dummy = len(rows) == 0
-                    (loss, _), _ = micro_loss(m, mini[:1] if dummy else rows, part)
-                    self.manual_backward(loss * (0.0 if dummy else float(world)))
-            norms[part] = float(self._grad_norm(params))
-            if part == "self":
-                saved = [p.grad for p in params]
-        out = {f"{name}/diag/grad_norm_self": norms["self"], f"{name}/diag/grad_norm_cross": norms["cross"]}
-        if norms["self"] + norms["cross"] > 0:
-            out[f"{name}/diag/cross_grad_share"] = norms["cross"] / (norms["self"] + norms["cross"])
-        if norms["self"] > 0 and norms["cross"] > 0:
-            for p, g in zip(params, saved):  # g_self + g_cross
-                if g is not None:
-                    p.grad = g if p.grad is None else p.grad.add_(g)
-            both = float(self._grad_norm(params))
-            cos = (both ** 2 - norms["self"] ** 2 - norms["cross"] ** 2) / (2 * norms["self"] * norms["cross"])
-            out[f"{name}/diag/grad_cos_self_cross"] = max(-1.0, min(1.0, cos))
-        for p in params:
-            p.grad = None
-        out[f"time/diagnostics/{name}"] = time.perf_counter() - start
-        return out
-
-    @staticmethod
-    def _grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
-        """The total 2-norm of the parameters' gradients over every rank (the clip's utility, not clipping)."""
-        norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    def _backward(self, agent: Agent, view: AgentView, plan: StepPlan, tables: LearnerTables, lowers: list[float],
+                  m: int, micro_batch: MicroBatch, part: str | None = None):
+        """One pass of the update (or of `part` of it, "self" or "cross"): the forward of `micro_batch`'s rows
+        of mini-batch m, `hacpo_loss` normalised over the global mini-batch, and the backward of the loss
+        scaled by the world size times the pass's weight. Returns the loss, its metrics and the micro view."""
+        micro = view.select(micro_batch.rows).to(self.device)
+        logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)  # [b, T]
+        inputs = loss_inputs(view, micro, micro_batch.rows, plan.mini_batches[m], logp, tables, cross_lower=lowers[m],
+                             loss_scale_factor=float(agent.cfg.max_response_len),
+                             engine_logp=self.alg.rollout_is_cap > 0, part=part)
+        loss, metrics = hacpo_loss(**self.loss_settings, **inputs)
+        self.manual_backward(loss * (micro_batch.weight * float(self._rank_world[1])))
+        return loss, metrics, micro
 
     def _count_faults(self, name: str, step: int, skipped: list[int]) -> None:
         """Warn about this step's skipped updates of `name`; stop the run after too many faulty steps in a row."""
@@ -495,12 +444,6 @@ class HACRLModule(pl.LightningModule):
         if self.trainer.world_size > 1:
             finite = self.all_gather(finite.float()).min() > 0
         return bool(finite)
-
-    def _clip(self, agent: Agent) -> torch.Tensor:
-        """Per-agent gradient-norm clip (0 = off); returns the total norm before clipping."""
-        max_norm = agent.cfg.grad_clip if agent.cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(agent.parameters(), max_norm)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def _sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """The elementwise sum of `values` over data-parallel ranks (a copy on this rank's device and back)."""

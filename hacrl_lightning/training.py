@@ -71,38 +71,43 @@ def update_settings(cfg: TrainConfig) -> UpdateSettings:
 
 
 def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
-                    task: tuple[PromptDataset, PromptDataset] | None = None) -> RolloutDataModule:
-    """The run's DataModule over `agents` (`task`: the loaded (train, held-out) sets, else loaded here)."""
+                    task: tuple[PromptDataset, PromptDataset] | None = None, *,
+                    datamodule_class: type[RolloutDataModule] = RolloutDataModule) -> RolloutDataModule:
+    """The run's DataModule over `agents` (`task`: the loaded (train, held-out) sets, else loaded here;
+    `datamodule_class`: a subclass, for the benchmark's fixed-length sampling)."""
     train_set, eval_set = task if task is not None else load_task(cfg.data)
-    return RolloutDataModule(agents, train_set=train_set, eval_set=eval_set, data=cfg.data, rollout=cfg.rollout,
+    return datamodule_class(agents, train_set=train_set, eval_set=eval_set, data=cfg.data, rollout=cfg.rollout,
                              responses_per_prompt=cfg.responses_per_prompt, share_rollouts=cfg.algorithm.share_rollouts,
                              steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(cfg.run_dir) / "engine_dirs",
                              engine_logprobs=cfg.algorithm.rollout_is_cap > 0)
 
 
-def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = None
+def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = None,
+                 datamodule_class: type[RolloutDataModule] = RolloutDataModule
                  ) -> tuple[HACRLModule, RolloutDataModule, list[pl.Callback], dict]:
     """The run's module, DataModule and core callbacks (capability window, clip schedule, weight sync,
     step timer, plain progress lines when stdout is not a terminal, held-out evaluation, stop on a signal,
     checkpoints), each given the values it uses; the task loads once. Returns them and the callbacks by
     role (`timer`, `evaluation`, `stop`) for the summary (`started`: the session's start for the run
-    clock, default now)."""
+    clock, default now; `datamodule_class`: see `make_datamodule`). `train` and `bench.py step` build their
+    runs with it."""
     task = load_task(cfg.data)
     agents = load_agents(cfg, task)
     names = list(agents)
     window = CapabilityWindow(len(names), **cfg.algorithm.capability_settings())
     clip_schedule = StepwiseClipCallback(delta=cfg.algorithm.delta, delta_step=cfg.algorithm.delta_step)
+    datamodule = make_datamodule(cfg, agents, task, datamodule_class=datamodule_class)
     module = HACRLModule(agents, algorithm=cfg.algorithm, update=update_settings(cfg), capability=window,
-                         clip_schedule=clip_schedule)
-    datamodule = make_datamodule(cfg, agents, task)
+                         clip_schedule=clip_schedule, rollouts=datamodule)
     roles = {"timer": StepTimer(started=started),
-             "evaluation": HeldOutEvalCallback(every=cfg.trainer.eval_every, samples=cfg.trainer.eval_samples),
+             "evaluation": HeldOutEvalCallback(datamodule, every=cfg.trainer.eval_every,
+                                               samples=cfg.trainer.eval_samples),
              "stop": StopOnSignal()}
     callbacks = [
         roles["stop"],  # first: a signal during the initial evaluation already counts as "stop after this step"
         CapabilityCallback(window, names),
         clip_schedule,
-        WeightSyncCallback(),
+        WeightSyncCallback(datamodule),
         roles["timer"],  # after weight sync (part of a step), before evaluation (not part of it)
         *([] if interactive() else [PlainProgress(every=cfg.trainer.progress_every, steps=cfg.trainer.steps,
                                                   timer=roles["timer"])]),

@@ -103,7 +103,7 @@ class Record(Callback):
 def spy_on_m() -> dict:
     """Record, per learner, the m of every mini-batch, as the module asks the clip schedule for its
     bound (the real schedule answers); returns the holder whose `calls` the caller resets for each run."""
-    real_lower, real_update = StepwiseClipCallback.lower, module_mod.HACRLModule._update_learner
+    real_lower, real_update = StepwiseClipCallback.lower, module_mod.HACRLModule.update_learner
     state: dict = {"calls": {}, "name": None}
 
     def lower_spy(schedule, m):
@@ -115,13 +115,13 @@ def spy_on_m() -> dict:
         return real_update(module, k, name, *args, **kwargs)
 
     StepwiseClipCallback.lower = lower_spy
-    module_mod.HACRLModule._update_learner = update_spy
+    module_mod.HACRLModule.update_learner = update_spy
     return state
 
 
 def spy_on_local_accuracy() -> dict:
     """Record each agent's accuracy on this rank's own prompts (its rollouts before the gather)."""
-    real = RolloutDataModule._gather
+    real = RolloutDataModule.gather
     state: dict = {"acc": {}}
 
     def gather(dm, examples, rollouts):
@@ -130,7 +130,7 @@ def spy_on_local_accuracy() -> dict:
             state["acc"][name] = sum(rewards) / len(rewards)
         return real(dm, examples, rollouts)
 
-    RolloutDataModule._gather = gather
+    RolloutDataModule.gather = gather
     return state
 
 

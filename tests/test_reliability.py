@@ -178,7 +178,7 @@ def degenerate_rollout(monkeypatch):
     """Replace tiny_a's rollouts of step 0 with constructed degenerate ones, and make every reward of
     step 1 equal, before the views are built; everything else (generation, scoring of the rest, the
     exchange, losses, updates) is the real code."""
-    real_rollout, real_gather = RolloutDataModule.rollout, RolloutDataModule._gather
+    real_rollout, real_gather = RolloutDataModule.rollout, RolloutDataModule.gather
     current = {}
 
     def rollout(dm: RolloutDataModule, examples, *, step: int):
@@ -210,7 +210,7 @@ def degenerate_rollout(monkeypatch):
         return examples, rollouts, stats
 
     monkeypatch.setattr(RolloutDataModule, "rollout", rollout)
-    monkeypatch.setattr(RolloutDataModule, "_gather", gather)
+    monkeypatch.setattr(RolloutDataModule, "gather", gather)
 
 
 def test_degenerate_rollouts_complete_the_step_and_are_counted(tmp_path, zoo_cache, monkeypatch):

@@ -50,7 +50,7 @@ class Spy:
             return real_loss(**kwargs)
 
         monkeypatch.setattr(module_mod, "hacpo_loss", loss_spy)
-        real_update = module_mod.HACRLModule._update_learner
+        real_update = module_mod.HACRLModule.update_learner
 
         def update_spy(module, k, name, *args, **kwargs):
             spy.current = name
@@ -64,7 +64,7 @@ class Spy:
             finally:
                 handle.remove()
 
-        monkeypatch.setattr(module_mod.HACRLModule, "_update_learner", update_spy)
+        monkeypatch.setattr(module_mod.HACRLModule, "update_learner", update_spy)
         from hacrl_lightning.datamodule import RolloutDataModule
 
         real_rollout = RolloutDataModule.rollout
@@ -239,13 +239,14 @@ def test_kl_to_a_frozen_reference_only_when_beta_is_positive(tmp_path, zoo_cache
     from hacrl_lightning.algorithms import CapabilityWindow
     from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
     from hacrl_lightning.module import HACRLModule
-    from hacrl_lightning.training import load_agents, update_settings
+    from hacrl_lightning.training import load_agents, make_datamodule, update_settings
 
     cfg = config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "algorithm.kl_coef=0.001", "trainer.steps=1")
     initial = load_agents(cfg)
     no_kl = config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]")
     module = HACRLModule(initial, algorithm=no_kl.algorithm, update=update_settings(no_kl), capability=CapabilityWindow(2),
-                         clip_schedule=StepwiseClipCallback(delta=0.2, delta_step=0.025))
+                         clip_schedule=StepwiseClipCallback(delta=0.2, delta_step=0.025),
+                         rollouts=make_datamodule(no_kl, initial))
     assert len(module.references) == 0
     captured = {}
 

@@ -12,9 +12,10 @@ max_new_tokens`): the generation, the forward passes and the backward passes the
 numbers of sequences and tokens in both paths (partner responses are retokenized from text, so
 trained-token counts may differ by a few tokens after the first step; both are reported).
 
-(a) framework: the real `HACRLModule` + `RolloutDataModule` + Lightning `Trainer` of
-`hacrl_lightning.training` (TensorBoard logger, capability, clip-schedule and weight-sync callbacks,
-StepTimer), minus held-out evaluation and checkpoints, which are not part of a step. Phase times
+(a) framework: the run `train()` builds (`training.build_system`: the real `HACRLModule`,
+`RolloutDataModule`, callbacks, and Lightning `Trainer` with its TensorBoard logger), minus held-out
+evaluation and checkpoints, which are not part of a step; phases are marked through the module's and
+the DataModule's `phase_listeners`. Phase times
 are the module's own `time/*` metrics and `WeightSyncCallback.last_seconds`; `logging` is the rest
 of the step (metrics, `log_dict`, the TensorBoard write, the progress bar, the Lightning loop,
 capability and advantages), measured from one `on_train_batch_start` to the next.
@@ -54,6 +55,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
+
+from lightning.pytorch import Callback
 
 from hacrl_lightning.bench.report import print_table
 
@@ -182,128 +185,110 @@ def _weights_mb(agents) -> float:
 
 def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int,
                   backend: str = "hf") -> dict:
+    """What `train()` builds (`training.build_system`), minus held-out evaluation and checkpoints, with
+    fixed-length sampling, phase marks (the module's and the DataModule's `phase_listeners`) and a recorder."""
     import lightning.pytorch as pl
     import torch
-    from lightning.pytorch import Callback
 
-    from hacrl_lightning.algorithms import CapabilityWindow
-    from hacrl_lightning.callbacks.capability import CapabilityCallback
-    from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
-    from hacrl_lightning.callbacks.timing import StepTimer
+    from hacrl_lightning.callbacks.checkpoint import StepCheckpoint
+    from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
     from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
-    from hacrl_lightning.data.tasks import load_task
-    from hacrl_lightning.datamodule import RolloutDataModule
-    from hacrl_lightning.module import HACRLModule
-    from hacrl_lightning.training import build_trainer, load_agents, update_settings
+    from hacrl_lightning.training import build_system, build_trainer
 
     memory = PhaseMemory()
-
-    class FixedLengthDataModule(RolloutDataModule):
-        """The real DataModule; every response is exactly max_response_len tokens (module docstring)."""
-
-        def sampling(self, agent, *, n, seed):
-            settings = super().sampling(agent, n=n, seed=seed)
-            return replace(settings, min_new_tokens=settings.max_new_tokens)
-
-        def generate(self, *args, **kwargs):
-            memory.mark("rollout")
-            out = super().generate(*args, **kwargs)
-            memory.mark("reward")
-            return out
-
-        def _views(self, examples, rollouts):
-            memory.mark("exchange")
-            recorder.current["rollout_tokens"] = sum(len(r.token_ids) for r in rollouts)
-            return super()._views(examples, rollouts)
-
-    class MarkedModule(HACRLModule):
-        """The real module with phase marks for the memory sampler and a trained-token count."""
-
-        def _old_logprobs(self, views, plans, rows):
-            memory.mark("old_logprobs")
-            for view in views.values():  # every row is trained (cross_samples_per_prompt=all)
-                recorder.current["trained_tokens"] += int(view.loss_mask.sum())
-            return super()._old_logprobs(views, plans, rows)
-
-        def _update_learner(self, k, *args, **kwargs):
-            if k == 0:
-                memory.mark("update")
-            return super()._update_learner(k, *args, **kwargs)
-
-        def _rollout_metrics(self, *args, **kwargs):
-            memory.mark("logging")
-            return super()._rollout_metrics(*args, **kwargs)
-
-    class Recorder(Callback):
-        """Step wall time from one on_train_batch_start to the next (everything a step costs)."""
-
-        def __init__(self, sync: WeightSyncCallback):
-            self.sync, self.steps, self.current, self._start = sync, [], defaultdict(float), None
-            self.copies: list[str] = []
-
-        def _close(self, pl_module) -> None:
-            if self._start is None:
-                return
-            row = dict(self.current)
-            row["step_s"] = time.perf_counter() - self._start
-            row["cpu_s"] = time.process_time() - self._cpu_start
-            metrics = pl_module.last_metrics
-            for phase in ("rollout", "reward", "exchange", "old_logprobs", "update"):
-                row[phase] = float(metrics[f"time/{phase}"])
-            row["weight_sync"] = self.sync.last_seconds
-            row["logging"] = row["step_s"] - sum(row[p] for p in PHASES[:-1])
-            self.steps.append(row)
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            self._close(pl_module)
-            # untimed warm-up steps: look for stray weight copies at every phase boundary
-            memory.scan = (lambda: self._scan(pl_module)) if len(self.steps) < warmup else None
-            self.current = defaultdict(float)
-            memory.mark("rollout")
-            self._start, self._cpu_start = time.perf_counter(), time.process_time()
-
-        def _scan(self, pl_module) -> None:
-            copies = weight_copies(pl_module.agents.values(), pl_module.trainer.optimizers)
-            if len(copies) > len(self.copies):
-                self.copies = copies + [f"(found at the start of phase {memory.label})"]
-
-        def on_train_end(self, trainer, pl_module) -> None:
-            self._close(pl_module)
-            self._start = None
-
-    class BeforeSync(Callback):
-        def on_train_batch_end(self, *args) -> None:
-            memory.mark("weight_sync")
-
-    class AfterSync(Callback):
-        def on_train_batch_end(self, *args) -> None:
-            memory.mark("logging")
-
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = compose(agent_names, group, prompts, warmup + steps, run_dir, backend)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
-        task = load_task(cfg.data)
-        agents = load_agents(cfg, task)
-        window = CapabilityWindow(len(agents), **cfg.algorithm.capability_settings())
-        clip_schedule = StepwiseClipCallback(delta=cfg.algorithm.delta, delta_step=cfg.algorithm.delta_step)
-        module = MarkedModule(agents, algorithm=cfg.algorithm, update=update_settings(cfg), capability=window,
-                              clip_schedule=clip_schedule)
-        datamodule = FixedLengthDataModule(
-            agents, train_set=task[0], eval_set=task[1], data=cfg.data, rollout=cfg.rollout,
-            responses_per_prompt=cfg.responses_per_prompt, share_rollouts=cfg.algorithm.share_rollouts,
-            steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(run_dir) / "engine_dirs")
-        sync, timer = WeightSyncCallback(), StepTimer()
-        recorder = Recorder(sync)
-        callbacks = [recorder, CapabilityCallback(window, list(agents)), clip_schedule,
-                     BeforeSync(), sync, AfterSync(), timer]
-        trainer = build_trainer(cfg, Path(run_dir), callbacks)
-        trainer.fit(module, datamodule=datamodule)
+        module, datamodule, callbacks, _ = build_system(cfg, Path(run_dir), datamodule_class=_fixed_length_datamodule())
+        module.phase_listeners.append(memory.mark)
+        datamodule.phase_listeners.append(memory.mark)
+        (sync,) = [c for c in callbacks if isinstance(c, WeightSyncCallback)]
+        recorder = _Recorder(sync, memory, warmup)
+        datamodule.counts = recorder
+        at = callbacks.index(sync)
+        callbacks = [recorder, *callbacks[:at], _Mark(memory, "weight_sync"), sync, _Mark(memory, "logging"),
+                     *callbacks[at + 1:]]
+        callbacks = [c for c in callbacks if not isinstance(c, (HeldOutEvalCallback, StepCheckpoint))]  # not a step
+        build_trainer(cfg, Path(run_dir), callbacks).fit(module, datamodule=datamodule)
         peaks = memory.close()
         weights = _weights_mb(module.agents.values())
     rows = recorder.steps[warmup:]
     return {"path": "framework", "steps": rows, "warmup_steps": recorder.steps[:warmup], "peak_rss_mb": peaks,
             "weights_mb": weights, "reference_copies": len(module.references), "stray_weight_copies": recorder.copies,
             "threads": torch.get_num_threads()}
+
+
+def _fixed_length_datamodule():
+    """The real DataModule, every response exactly max_response_len tokens (module docstring), counting the
+    step's rollout and trained tokens into `self.counts.current` (the recorder's)."""
+    from hacrl_lightning.datamodule import RolloutDataModule
+
+    class FixedLengthDataModule(RolloutDataModule):
+        counts = None
+
+        def sampling(self, agent, *, n, seed):
+            settings = super().sampling(agent, n=n, seed=seed)
+            return replace(settings, min_new_tokens=settings.max_new_tokens)
+
+        def rollout(self, examples, *, step):
+            batch = super().rollout(examples, step=step)
+            self.counts.current["rollout_tokens"] = sum(len(r.token_ids) for r in batch.rollouts)
+            # every row is trained (cross_samples_per_prompt=all)
+            self.counts.current["trained_tokens"] = sum(int(view.loss_mask.sum()) for view in batch.views.values())
+            return batch
+
+    return FixedLengthDataModule
+
+
+class _Mark(Callback):
+    """Marks `label` in the memory sampler at the end of each step (around the weight sync)."""
+
+    def __init__(self, memory: PhaseMemory, label: str):
+        self.memory, self.label = memory, label
+
+    def on_train_batch_end(self, *args) -> None:
+        self.memory.mark(self.label)
+
+
+class _Recorder(Callback):
+    """Step wall time from one on_train_batch_start to the next (everything a step costs); in the untimed
+    warm-up steps, a search for stray weight copies at every phase boundary."""
+
+    def __init__(self, sync, memory: PhaseMemory, warmup: int):
+        self.sync, self.memory, self.warmup = sync, memory, warmup
+        self.steps: list[dict] = []
+        self.current: dict = defaultdict(float)
+        self.copies: list[str] = []
+        self._start = None
+
+    def _close(self, pl_module) -> None:
+        if self._start is None:
+            return
+        row = dict(self.current)
+        row["step_s"] = time.perf_counter() - self._start
+        row["cpu_s"] = time.process_time() - self._cpu_start
+        metrics = pl_module.last_metrics
+        for phase in ("rollout", "reward", "exchange", "old_logprobs", "update"):
+            row[phase] = float(metrics[f"time/{phase}"])
+        row["weight_sync"] = self.sync.last_seconds
+        row["logging"] = row["step_s"] - sum(row[p] for p in PHASES[:-1])
+        self.steps.append(row)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._close(pl_module)
+        self.memory.scan = (lambda: self._scan(pl_module)) if len(self.steps) < self.warmup else None
+        self.current = defaultdict(float)
+        self.memory.mark("rollout")
+        self._start, self._cpu_start = time.perf_counter(), time.process_time()
+
+    def _scan(self, pl_module) -> None:
+        copies = weight_copies(pl_module.agents.values(), pl_module.trainer.optimizers)
+        if len(copies) > len(self.copies):
+            self.copies = copies + [f"(found at the start of phase {self.memory.label})"]
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._close(pl_module)
+        self._start = None
 
 
 # -- (b) the bare loop -----------------------------------------------------------------------------
@@ -323,7 +308,8 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
     from transformers import GenerationConfig
 
     from hacrl_lightning.data.tasks import load_task
-    from hacrl_lightning.datamodule import StepBatchSampler, step_seed
+    from hacrl_lightning.datamodule import StepBatchSampler
+    from hacrl_lightning.step import step_seed
     from hacrl_lightning.rollout import SamplingSettings, engine_options, make_engine
     from hacrl_lightning.training import load_agents
 
@@ -471,6 +457,8 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
         row.update(rollout=t1 - t0, reward=t2 - t1, exchange=t3 - t2, old_logprobs=t4 - t3, update=t5 - t4,
                    weight_sync=t6 - t5, step_s=t6 - t0, cpu_s=time.process_time() - cpu0)
         out.append(dict(row))
+    for engine in engines.values():
+        engine.close()
     peaks = memory.close()
     return {"path": "bare", "steps": out[warmup:], "warmup_steps": out[:warmup], "peak_rss_mb": peaks,
             "weights_mb": _weights_mb(loaded.values()), "threads": torch.get_num_threads()}

@@ -4,18 +4,29 @@ Greedy accuracy per agent (and avg@k / pass@k when `samples > 1`), printed as on
 (rank zero), logged as `{agent}/eval/acc`
 etc. (through the module's `report`) at the number of steps done (0 before training; the k-th step's
 training scalars are at k too) and kept as a history of (step, rollouts generated so far, scores) that resumes with the run
-and feeds `summary.json` and the comparison plots. The generation itself is the DataModule's.
+and feeds `summary.json` and the comparison plots. The generation itself is the evaluator's it is
+given (the DataModule's).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from lightning.pytorch import Callback
 
 
+class Evaluator(Protocol):
+    """What generates and scores the held-out answers (`datamodule.RolloutDataModule.evaluate`)."""
+
+    def evaluate(self, *, samples: int = 1, limit: int | None = None, step: int = 0) -> dict[str, dict[str, float]]: ...
+
+
 class HeldOutEvalCallback(Callback):
-    def __init__(self, *, every: int, samples: int = 1):
+    """evaluator: generates and scores; every: evaluate after every every-th step (0: before and after
+    training only); samples: answers per prompt (k of avg@k / pass@k)."""
+
+    def __init__(self, evaluator: Evaluator, *, every: int, samples: int = 1):
+        self.evaluator = evaluator
         self.every = every
         self.samples = samples
         self.history: list[dict[str, Any]] = []
@@ -25,7 +36,7 @@ class HeldOutEvalCallback(Callback):
         if self.history and self.history[-1]["step"] == step:
             return
         with trainer.precision_plugin.forward_context():  # the training's compute dtype (bf16-mixed: bf16)
-            scores = trainer.datamodule.evaluate(samples=self.samples, step=step)
+            scores = self.evaluator.evaluate(samples=self.samples, step=step)
         self.history.append({
             "step": step,
             "rollouts_generated": {name: c["rollouts_generated"] for name, c in pl_module.counters.items()},

@@ -8,16 +8,28 @@ is a no-op; for vLLM it copies the weights. The time it takes is logged as `time
 from __future__ import annotations
 
 import time
+from typing import Mapping, Protocol
 
 from lightning.pytorch import Callback
 
+from hacrl_lightning.rollout import RolloutEngine
+
+
+class HasEngines(Protocol):
+    """Who holds the run's rollout engines, by agent name, once set up (`datamodule.RolloutDataModule`)."""
+
+    engines: Mapping[str, RolloutEngine]
+
 
 class WeightSyncCallback(Callback):
-    def __init__(self):
+    """source: the holder of the engines to push the weights to."""
+
+    def __init__(self, source: HasEngines):
+        self.source = source
         self.last_seconds = 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        engines = trainer.datamodule.engines
+        engines = self.source.engines
         start = time.perf_counter()
         for name, agent in pl_module.agents.items():
             engines[name].sync_weights(agent.model)

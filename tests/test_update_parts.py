@@ -1,0 +1,85 @@
+"""The update loop's stateless parts (`hacrl_lightning/update.py`): the one micro-batch iterator and its
+zero-weight rule, and a micro-batch's loss inputs, on real zoo agents' views and real `hacpo_loss`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+
+from hacrl_lightning.agents.exchange import make_rollouts, view_for
+from hacrl_lightning.algorithms import hacpo_loss
+from hacrl_lightning.config import DataConfig
+from hacrl_lightning.data import synthetic_examples
+from hacrl_lightning.plan import StepPlan
+from hacrl_lightning.presets import get_preset
+from hacrl_lightning.update import LearnerTables, loss_inputs, micro_batches
+
+from conftest import ZOO_AGENTS
+
+
+def test_every_rank_runs_as_many_passes_and_a_missing_one_weighs_nothing():
+    """5 rows over 2 ranks in micro-batches of 2: rank 0 holds 3 rows (2 passes), rank 1 holds 2 (1 pass),
+    so rank 1 runs a second pass over the stand-in row with weight 0 (FSDP's forwards are collectives)."""
+    order = torch.tensor([4, 0, 3, 1, 2])
+    passes = {}
+    for rank in range(2):
+        plan = StepPlan.build(order, mini_batch_size=5, rank=rank, world=2)
+        mini = plan.mini_batches[0]
+        passes[rank] = list(micro_batches(plan.micro_batches(0, 2), stand_in=mini[:1]))
+    assert [len(p) for p in passes.values()] == [2, 2]
+    assert [(m.rows.tolist(), m.weight, m.counts) for m in passes[0]] == [([4, 0], 1.0, True), ([3], 1.0, True)]
+    assert [(m.rows.tolist(), m.weight, m.counts) for m in passes[1]] == [([1, 2], 1.0, True), ([4], 0.0, False)]
+    # the rows that count are each row once, over both ranks
+    counted = sorted(r for p in passes.values() for m in p if m.counts for r in m.rows.tolist())
+    assert counted == list(range(5))
+
+
+@dataclass
+class Gen:
+    token_ids: list[int]
+    finish_reason: str
+
+
+def _view(zoo_agents):
+    """tiny_a's view of 2 own and 2 of tiny_b's responses to one prompt."""
+    example = synthetic_examples(DataConfig(), "eval", 1)
+    rollouts = []
+    for source in ("tiny_a", "tiny_b"):
+        agent = zoo_agents[source]
+        gens = [Gen(agent.encode_response([text])[0] + [agent.eos_token_id], "stop")
+                for text in ("So \\boxed{7}.", "\\boxed{12}")]
+        rollouts += make_rollouts(agent, example, gens)
+    return view_for(zoo_agents["tiny_a"], rollouts, sources=ZOO_AGENTS, rows=[0, 1, 2, 3])
+
+
+def test_loss_inputs_read_the_rows_and_normalise_over_the_global_mini_batch(zoo_agents):
+    view, agent = _view(zoo_agents), zoo_agents["tiny_a"]
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        old = agent.token_logprobs(view.input_ids, view.attention_mask)                       # [4, T]
+    tables = LearnerTables.of_step(
+        view, 0, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]), old_mean=torch.randn(4, generator=generator),
+        old_tokens=old + 0.01 * torch.randn(old.shape, generator=generator), ref_tokens=None,
+        omega=torch.tensor([[1.0, 1.0, 1.0], [0.7, 1.0, 1.0], [1.0, 1.0, 1.0]]), rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    assert tables.omega_factor.tolist() == pytest.approx([1.0, 1.0, 0.7, 0.7])  # omega[source, learner 0]
+    rows, mini = torch.tensor([1, 2]), torch.tensor([0, 1, 2, 3])
+    micro = view.select(rows)
+    logp = agent.token_logprobs(micro.input_ids, micro.attention_mask)                        # [2, T']
+    settings = replace(get_preset("hacpo"), kl_coef=0.0).loss_settings()
+    common = dict(cross_lower=0.8, loss_scale_factor=float(agent.cfg.max_response_len), engine_logp=False)
+    inputs = loss_inputs(view, micro, rows, mini, logp, tables, **common)
+    assert inputs["advantages"].tolist() == [-1.0, 0.5] and inputs["rewards"].tolist() == [0.0, 1.0]
+    assert float(inputs["total_seqs"]) == 4.0                                                 # the mini-batch's
+    assert int(inputs["total_tokens"]) == int(view.loss_mask.sum())
+    assert inputs["old_logp"].shape == logp.shape and inputs["engine_logp"] is None
+    # the self and cross parts give every token to exactly one of them: their losses sum to the loss
+    whole, _ = hacpo_loss(**settings, **inputs)
+    parts = {part: loss_inputs(view, micro, rows, mini, logp, tables, part=part, **common) for part in ("self", "cross")}
+    assert parts["self"]["rewards"] is None
+    assert torch.equal(parts["self"]["loss_mask"] | parts["cross"]["loss_mask"], micro.loss_mask)
+    assert not bool((parts["self"]["loss_mask"] & parts["cross"]["loss_mask"]).any())
+    total = sum(hacpo_loss(**settings, **part)[0] for part in parts.values())
+    whole, total = float(whole.detach()), float(total.detach())
+    assert whole != 0.0 and total == pytest.approx(whole, rel=1e-6)
