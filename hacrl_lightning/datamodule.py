@@ -174,6 +174,9 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def teardown(self, stage: str | None = None) -> None:
         self.reward_pool.close()  # no reward worker outlives the run
+        for engine in self.engines.values():  # nor an engine process (a later setup builds new ones)
+            engine.close()
+        self.engines = {}
 
     def train_dataloader(self) -> ResumableLoader:
         sampler = StepBatchSampler(len(self.train_set), self.data.prompts_per_step, self.steps, seed=self.seed,
