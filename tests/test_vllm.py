@@ -102,6 +102,22 @@ def test_engine_answers_as_the_trainer_model(load_zoo_agent, tmp_path, name):
     assert worst <= 1e-5, worst
 
 
+def test_a_seeded_batch_longer_than_one_scheduler_step_samples_reproducibly(load_zoo_agent, tmp_path):
+    """32 prompts x G = 8 of tiny_a (~16k prompt tokens, 8 times vLLM's 2,048 per step), seeded as every
+    training step is: with chunked prefill vLLM's CPU worker died ('CPU Generator does not use offset') on
+    the first prompt split over two steps; the backend turns it off on CPU (`vllm.cpu_scheduling`). The same
+    seed gives the same 256 responses."""
+    agent = load_zoo_agent("tiny_a", dtype="float32")
+    engine = engine_for(agent, tmp_path, in_process=True)
+    prompt_ids = agent.encode_prompts(PROMPTS)
+    assert sum(map(len, prompt_ids)) * 8 > 4 * 2048
+    settings = SamplingSettings.for_agent(agent.cfg, n=8, seed=11)
+    first = [g.token_ids for g in engine.generate(prompt_ids, settings)]
+    assert len(first) == 256 and first == [g.token_ids for g in engine.generate(prompt_ids, settings)]
+    groups = [first[p * 8 : (p + 1) * 8] for p in range(32)]  # one seed per request: its 8 samples still differ
+    assert sum(len({tuple(ids) for ids in group}) > 1 for group in groups) >= 24
+
+
 @pytest.mark.parametrize("name, in_process", [("tiny_a", False), ("tiny_a", True), ("tiny_e", False)],
                          ids=["tied-own_process", "tied-in_process", "untied-own_process"])
 def test_after_a_sync_the_engine_answers_as_the_trained_model(load_zoo_agent, tmp_path, name, in_process):

@@ -64,6 +64,20 @@ def cpu_kv_cache_bytes(share: float) -> int:
     return int(share * psutil.virtual_memory().total)
 
 
+CPU_BATCHED_TOKENS = 2048
+"""vLLM's own default token budget of one scheduler step for the offline `LLM` (`max_num_batched_tokens`)."""
+
+
+def cpu_scheduling(max_model_len: int) -> dict[str, Any]:
+    """Scheduler settings on vLLM's CPU platform: no chunked prefill, so every prompt is prefilled whole in one
+    step (the budget raised to `max_model_len` where that is longer). With chunked prefill a seeded request
+    whose prompt is split over steps has its generator rewound, which only CUDA generators allow: the CPU
+    worker died with 'CPU Generator does not use offset' as soon as a batch's prompts exceeded one step's
+    budget (16 prompts x G = 8 of tiny_a's 63-token prompts: 8,064 tokens against 2,048). vLLM turns chunked
+    prefill off itself on CPU for MLA models the same way."""
+    return dict(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, CPU_BATCHED_TOKENS))
+
+
 def sampling_params_kwargs(sampling: SamplingSettings, stop_token_ids: Sequence[int]) -> dict[str, Any]:
     """SamplingSettings -> `vllm.SamplingParams` keywords, 1:1 (greedy is temperature 0 in both)."""
     kwargs = dict(
@@ -195,7 +209,8 @@ class VLLMEngine:
         self.in_process = in_process
         self.platform = vllm_platform()
         memory = (dict(gpu_memory_utilization=gpu_memory_utilization) if self.platform == "cuda"
-                  else dict(kv_cache_memory_bytes=cpu_kv_cache_bytes(gpu_memory_utilization)))
+                  else dict(kv_cache_memory_bytes=cpu_kv_cache_bytes(gpu_memory_utilization),
+                            **cpu_scheduling(max_model_len)))
         self._vllm = vllm
         with _engine_environment(in_process=in_process):
             self.llm = vllm.LLM(
