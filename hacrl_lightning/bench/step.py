@@ -190,25 +190,14 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
     import lightning.pytorch as pl
     import torch
 
-    from hacrl_lightning.callbacks.checkpoint import StepCheckpoint
-    from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
-    from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
     from hacrl_lightning.training import build_system, build_trainer
 
     memory = PhaseMemory()
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = compose(agent_names, group, prompts, warmup + steps, run_dir, backend)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
-        module, datamodule, callbacks, _ = build_system(cfg, Path(run_dir), datamodule_class=_fixed_length_datamodule())
-        module.phase_listeners.append(memory.mark)
-        datamodule.phase_listeners.append(memory.mark)
-        (sync,) = [c for c in callbacks if isinstance(c, WeightSyncCallback)]
-        recorder = _Recorder(sync, memory, warmup)
-        datamodule.counts = recorder
-        at = callbacks.index(sync)
-        callbacks = [recorder, *callbacks[:at], _Mark(memory, "weight_sync"), sync, _Mark(memory, "logging"),
-                     *callbacks[at + 1:]]
-        callbacks = [c for c in callbacks if not isinstance(c, (HeldOutEvalCallback, StepCheckpoint))]  # not a step
+        module, datamodule, callbacks, _ = build_system(cfg, Path(run_dir), datamodule_class=fixed_length_datamodule())
+        callbacks, recorder = instrument(module, datamodule, callbacks, memory, warmup)
         build_trainer(cfg, Path(run_dir), callbacks).fit(module, datamodule=datamodule)
         peaks = memory.close()
         weights = _weights_mb(module.agents.values())
@@ -218,7 +207,27 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
             "threads": torch.get_num_threads()}
 
 
-def _fixed_length_datamodule():
+def instrument(module, datamodule, callbacks: list, memory, warmup: int) -> tuple[list, "StepRecorder"]:
+    """The run's callbacks with a step recorder first and phase marks around the weight sync, minus held-out
+    evaluation and checkpoints (not part of a step); the module's and the DataModule's phase listeners mark
+    `memory` (anything with `mark(label)`, `label` and `scan`). Returns the callbacks and the recorder, whose
+    `steps` hold each step's phase times and token counts (the DataModule must be `fixed_length_datamodule`'s)."""
+    from hacrl_lightning.callbacks.checkpoint import StepCheckpoint
+    from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
+    from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
+
+    module.phase_listeners.append(memory.mark)
+    datamodule.phase_listeners.append(memory.mark)
+    (sync,) = [c for c in callbacks if isinstance(c, WeightSyncCallback)]
+    recorder = StepRecorder(sync, memory, warmup)
+    datamodule.counts = recorder
+    at = callbacks.index(sync)
+    callbacks = [recorder, *callbacks[:at], PhaseMark(memory, "weight_sync"), sync, PhaseMark(memory, "logging"),
+                 *callbacks[at + 1:]]
+    return [c for c in callbacks if not isinstance(c, (HeldOutEvalCallback, StepCheckpoint))], recorder
+
+
+def fixed_length_datamodule():
     """The real DataModule, every response exactly max_response_len tokens (module docstring), counting the
     step's rollout and trained tokens into `self.counts.current` (the recorder's)."""
     from hacrl_lightning.datamodule import RolloutDataModule
@@ -235,12 +244,17 @@ def _fixed_length_datamodule():
             self.counts.current["rollout_tokens"] = sum(len(r.token_ids) for r in batch.rollouts)
             # every row is trained (cross_samples_per_prompt=all)
             self.counts.current["trained_tokens"] = sum(int(view.loss_mask.sum()) for view in batch.views.values())
+            # every token a learner's forward passes read (prompts and responses, no padding), own rows for
+            # the old log-probs: what the FLOP counts of a GPU check use (bench/gpu_check.py)
+            for name, view in batch.views.items():
+                self.counts.current[f"update_tokens/{name}"] = int(view.attention_mask.sum())
+                self.counts.current[f"old_logprob_tokens/{name}"] = int(view.attention_mask[view.is_own].sum())
             return batch
 
     return FixedLengthDataModule
 
 
-class _Mark(Callback):
+class PhaseMark(Callback):
     """Marks `label` in the memory sampler at the end of each step (around the weight sync)."""
 
     def __init__(self, memory: PhaseMemory, label: str):
@@ -250,7 +264,7 @@ class _Mark(Callback):
         self.memory.mark(self.label)
 
 
-class _Recorder(Callback):
+class StepRecorder(Callback):
     """Step wall time from one on_train_batch_start to the next (everything a step costs); in the untimed
     warm-up steps, a search for stray weight copies at every phase boundary."""
 

