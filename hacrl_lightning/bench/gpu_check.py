@@ -528,6 +528,9 @@ def markdown(report: dict) -> str:
 
 
 def _commit() -> str:
+    """The checkout's commit ($HACRL_COMMIT where the tree travelled without its .git, as to a lent GPU)."""
+    if os.environ.get("HACRL_COMMIT"):
+        return os.environ["HACRL_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=str(REPO), timeout=10).stdout.strip() or "unknown"
