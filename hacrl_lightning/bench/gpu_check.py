@@ -81,7 +81,7 @@ TINY = Size(prompts=2, group=2, prompt_len=128, response_len=8, micro_batch=4, m
             generation_batch=8, steps=3)
 
 PARTS = ("env", "build", "single", "fsdp", "offload")
-LIMITS_S = {"env": 90, "build": 150, "single": 200, "fsdp": 180, "offload": 60}
+LIMITS_S = {"env": 90, "build": 120, "single": 260, "fsdp": 200, "offload": 60}
 """Each part's own limit on a GPU (the check's `--budget-s` caps them all); `--tiny` gives each 600 s."""
 DATASHEET_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
 """Dense bf16 tensor-core peaks from the datasheets (SXM), by a name found in the device's name."""
@@ -269,7 +269,7 @@ def train_part(args, *, fsdp: bool, drift: bool) -> dict:
     from hacrl_lightning.cli import compose_config
     from hacrl_lightning.training import build_system, build_trainer
 
-    size = TINY if args.tiny else FULL
+    size = replace(TINY if args.tiny else FULL, **({"steps": args.steps} if args.steps else {}))
     cfg, _ = compose_config(overrides(args, size, fsdp=fsdp))
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -347,36 +347,67 @@ def watch_drift(module, drifts: dict) -> None:
     module._backward = wrapped
 
 
+NOISE_ROWS = 4
+"""Own rows of the drift's micro-batch also scored alone, for the ratio noise."""
+
+
 def drift(module, agent, view, plan, tables, lowers, m, micro_batch) -> dict:
-    """One micro-batch's `hacpo_loss` and its gradient over every parameter, computed under bf16 autocast
-    and with autocast off (fp32), on the same weights and inputs. The step's advantages are replaced by
-    seeded N(0, 1) draws: random-weight agents score 0 everywhere, so their own advantages (and with them
-    loss and gradient) are exactly zero. Returns |loss_bf16 - loss_fp32| / |loss_fp32| and
-    ||g_bf16 - g_fp32|| / ||g_fp32|| with the cosine between them."""
+    """One micro-batch's `hacpo_loss` and its gradient over every parameter under bf16 autocast and with
+    autocast off (fp32), on the same weights and inputs, as the first mini-batch of a step sees them in each
+    precision: the own rows' old log-probs are the pass's own (detached), so their ratio is exactly 1 in both
+    (the old log-probs of a real step come from another pass, in batches of another shape: the noise
+    figures below), the partner rows' are the step's. The step's advantages are replaced by seeded N(0, 1)
+    draws: random-weight agents score 0 everywhere, so their own advantages (and with them loss and
+    gradient) are exactly zero.
+
+    Returns the loss and gradient drift (|loss_bf16 - loss_fp32| / |loss_fp32|, ||g_bf16 - g_fp32|| /
+    ||g_fp32||, their cosine) and, in each precision, the **ratio noise** of up to `NOISE_ROWS` own rows:
+    |mean log-prob of a row in this micro-batch - the same row's scored alone (a batch of one)|, what
+    arithmetic alone moves a sequence ratio exp(mean_t logp - mean_t logp_old) from 1 when the old and new
+    passes batch a row differently (the trainer batches them alike: same micro-batch size, own rows first),
+    with the share of those rows it moves past the ratio clip."""
     import torch
 
-    from hacrl_lightning.algorithms import hacpo_loss
+    from hacrl_lightning.algorithms import hacpo_loss, sequence_mean_logp
     from hacrl_lightning.update import loss_inputs
 
     generator = torch.Generator().manual_seed(0)
     tables = replace(tables, advantages=torch.randn(tables.advantages.shape, generator=generator))
     params = [p for p in agent.model.parameters() if p.requires_grad]
     device_type = module.device.type
+    rows = micro_batch.rows
+    micro = view.select(rows).to(module.device)
+    own = micro.is_own                                                                    # [b]
+    clip = float(module.loss_settings.get("clip_low", 0.0))
+
+    def logprobs(bf16: bool, selected=None):
+        batch = micro if selected is None else view.select(rows[selected]).to(module.device)
+        with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bf16):
+            return batch, agent.token_logprobs(batch.input_ids, batch.attention_mask, temperature=agent.cfg.temperature)
 
     def loss_and_grads(bf16: bool):
+        _, logp = logprobs(bf16)                                                          # [b, T]
+        mean = sequence_mean_logp(logp.detach().float(), micro.loss_mask).cpu()           # [b]
+        old_mean, old_logp = tables.old_logp_mean.clone(), tables.old_logp.clone()
+        old_mean[rows[own.cpu()]] = mean[own.cpu()]
+        own_rows = rows[own.cpu()]
+        old_logp[own_rows, : logp.shape[1]] = logp.detach().float().cpu()[own.cpu()]
+        step = replace(tables, old_logp_mean=old_mean, old_logp=old_logp)
         with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bf16):
-            micro = view.select(micro_batch.rows).to(module.device)
-            logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
-            inputs = loss_inputs(view, micro, micro_batch.rows, plan.mini_batches[m], logp, tables,
-                                 cross_lower=lowers[m], loss_scale_factor=float(agent.cfg.max_response_len),
-                                 engine_logp=False)
+            inputs = loss_inputs(view, micro, rows, plan.mini_batches[m], logp, step, cross_lower=lowers[m],
+                                 loss_scale_factor=float(agent.cfg.max_response_len), engine_logp=False)
             loss, _ = hacpo_loss(**module.loss_settings, **inputs)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
-        return float(loss.detach().float()), [None if g is None else g.detach().float() for g in grads]
+        return float(loss.detach().float()), [None if g is None else g.detach().float() for g in grads], mean
 
-    loss32, grads32 = loss_and_grads(False)
+    def noise(delta):
+        delta = delta.abs()
+        return {"max": float(delta.max()), "mean": float(delta.mean()),
+                "share_past_clip": float((delta > clip).float().mean()) if clip else None}
+
+    loss32, grads32, mean32 = loss_and_grads(False)
     grads32 = [None if g is None else g.cpu() for g in grads32]  # frees the device for the second pass
-    loss16, grads16 = loss_and_grads(True)
+    loss16, grads16, mean16 = loss_and_grads(True)
     dot = diff2 = norm32 = norm16 = 0.0
     for a, b in zip(grads32, grads16):
         if a is None or b is None:
@@ -387,11 +418,19 @@ def drift(module, agent, view, plan, tables, lowers, m, micro_batch) -> dict:
         norm32 += float((a * a).sum())
         norm16 += float((b * b).sum())
     del grads16
-    return {"loss_fp32": loss32, "loss_bf16": loss16, "loss_rel": abs(loss16 - loss32) / max(abs(loss32), 1e-30),
-            "grad_norm_fp32": norm32 ** 0.5, "grad_norm_bf16": norm16 ** 0.5,
-            "grad_rel": (diff2 / norm32) ** 0.5 if norm32 > 0 else None,
-            "grad_cos": dot / (norm32 * norm16) ** 0.5 if norm32 > 0 and norm16 > 0 else None,
-            "rows": len(micro_batch.rows)}
+    out = {"loss_fp32": loss32, "loss_bf16": loss16, "loss_rel": abs(loss16 - loss32) / max(abs(loss32), 1e-30),
+           "grad_norm_fp32": norm32 ** 0.5, "grad_norm_bf16": norm16 ** 0.5,
+           "grad_rel": (diff2 / norm32) ** 0.5 if norm32 > 0 else None,
+           "grad_cos": dot / (norm32 * norm16) ** 0.5 if norm32 > 0 and norm16 > 0 else None,
+           "rows": len(rows), "own_rows": int(own.sum()), "ratio_clip": clip}
+    alone = torch.nonzero(own).flatten()[:NOISE_ROWS].cpu()
+    for bf16, mean in ((False, mean32), (True, mean16)):
+        if len(alone):
+            with torch.no_grad():
+                single = torch.stack([sequence_mean_logp(lp.float(), batch.loss_mask).cpu()[0]
+                                      for batch, lp in (logprobs(bf16, selected=i.view(1)) for i in alone)])
+            out["ratio_noise_bf16" if bf16 else "ratio_noise_fp32"] = noise(mean[alone] - single)
+    return out
 
 
 def figures(result: dict, *, tflops: float | None) -> dict:
@@ -467,7 +506,8 @@ def run_part(name: str, args, limit_s: float, work: Path) -> dict:
     command = [sys.executable, "-u", str(Path(__file__).resolve()), "--part", name, "--work", str(work),
                "--result", str(result_file), *(["--tiny"] if args.tiny else []),
                *(["--zoo-cache", args.zoo_cache] if args.zoo_cache else []),
-               *(["--tflops", str(args.tflops)] if args.tflops else [])]
+               *(["--tflops", str(args.tflops)] if args.tflops else []),
+               *(["--steps", str(args.steps)] if args.steps else [])]
     start = time.perf_counter()
     log = work / f"{name}.log"
     with open(log, "w") as handle:
@@ -516,8 +556,10 @@ def markdown(report: dict) -> str:
             if "error" in d:
                 lines.append(f"drift {agent}: failed")
             else:
-                lines.append(f"drift {agent} (bf16 vs fp32, one micro-batch of {d['rows']}): loss rel "
-                             f"{d['loss_rel']:.2e}, gradient rel {d['grad_rel']:.2e}, cosine {d['grad_cos']:.6f}")
+                lines.append(f"drift {agent} (bf16 vs fp32, one micro-batch of {d['rows']}, {d['own_rows']} own): "
+                             f"loss rel {d['loss_rel']:.2e}, gradient rel {d['grad_rel']:.2e}, cosine "
+                             f"{d['grad_cos']:.6f}; own-row ratio noise fp32 {d.get('ratio_noise_fp32')}, bf16 "
+                             f"{d.get('ratio_noise_bf16')} (ratio clip {d['ratio_clip']})")
     for name, part in report["parts"].items():
         if part.get("skipped"):
             lines += ["", f"**{name}** skipped: {part['skipped']}"]
@@ -578,6 +620,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=450.0, help="the whole check's time (default 450)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, in order (default {PARTS})")
     parser.add_argument("--zoo-cache", help="zoo cache holding the tokenizer files (default: --deps's zoo/)")
+    parser.add_argument("--steps", type=int, help=f"training steps of each training part (default {FULL.steps})")
     parser.add_argument("--tflops", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--part", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
