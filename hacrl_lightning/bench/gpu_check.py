@@ -9,7 +9,7 @@ A lent GPU comes rarely and for minutes (docs/GPU.md), so nothing is written the
 - `build`: two agents of real architectures (`AGENTS`: Qwen3-1.7B and Llama-3.2-1B from agents/arch/*.json,
   each with its real tokenizer and template, those of the zoo presets `tiny_qwen3` / `tiny_llama32`) with
   random weights, built on the device and exported as standalone Hugging Face directories.
-- `single`: `STEPS` HACPO steps of the two (the agent presets `qwen3_1.7b`, `llama3.2_1b_instruct` pointed
+- `single`: `FULL.steps` HACPO steps of the two (the agent presets `qwen3_1.7b`, `llama3.2_1b_instruct` pointed
   at those directories), the transformers backend, `bf16-mixed`, one device; every response exactly
   `response_len` tokens (the benchmark's fixed-length sampling, `bench/step.py`), so the work is known.
   Figures: s/step and its phases; generation tokens/s; update tokens/s and MFU (6·N·tokens for the update,
@@ -17,7 +17,7 @@ A lent GPU comes rarely and for minutes (docs/GPU.md), so nothing is written the
   peak `torch.cuda.max_memory_allocated` of each phase against the memory plan's figure for the same
   configuration (`memory.plan_memory`); and, at the first step, each learner's first micro-batch loss and
   gradient under bf16 autocast against the same in fp32 on the same weights (the drift).
-- `fsdp`: the same steps under `trainer=fsdp trainer.devices=1` (FSDP2 over a one-rank mesh, NCCL).
+- `fsdp`: the same under `trainer=fsdp trainer.devices=1` (FSDP2 over a one-rank mesh, NCCL), `FSDP_STEPS` steps.
 - `offload`: the placement issue's `offload_idle`; skipped, with the reason, while it does not exist.
 
 A part that fails or runs past its limit is recorded with its traceback (the end of its output) and the
@@ -76,7 +76,7 @@ class Size:
 FULL = Size(prompts=32, group=4, prompt_len=128, response_len=256, micro_batch=8, mini_batch_prompts=16,
             generation_batch=128, steps=3)
 """On one H100: 2 x 128 responses of 256 tokens a step, each learner trains 256 rows in 2 mini-batches;
-the memory plan gives 63.8 GiB at micro-batch 8 (docs/GPU.md)."""
+the memory plan gives 63.7 GiB at micro-batch 8, the first run measured a 60.8 GiB peak (docs/GPU.md)."""
 TINY = Size(prompts=2, group=2, prompt_len=128, response_len=8, micro_batch=4, mini_batch_prompts=2,
             generation_batch=8, steps=3)
 
@@ -218,6 +218,11 @@ def part_fsdp(args) -> dict:
     return train_part(args, fsdp=True, drift=False)
 
 
+FSDP_STEPS = 2
+"""The FSDP part's steps (one warm-up, one timed): on one H100 its first step took 75 s and its second 47 s
+(docs/GPU.md), and the check must end within 8 minutes."""
+
+
 def part_offload(args) -> dict:
     from hacrl_lightning.config import TrainerConfig
 
@@ -269,7 +274,8 @@ def train_part(args, *, fsdp: bool, drift: bool) -> dict:
     from hacrl_lightning.cli import compose_config
     from hacrl_lightning.training import build_system, build_trainer
 
-    size = replace(TINY if args.tiny else FULL, **({"steps": args.steps} if args.steps else {}))
+    steps = args.steps or (FSDP_STEPS if fsdp else None)
+    size = replace(TINY if args.tiny else FULL, **({"steps": steps} if steps else {}))
     cfg, _ = compose_config(overrides(args, size, fsdp=fsdp))
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -303,8 +309,8 @@ def train_part(args, *, fsdp: bool, drift: bool) -> dict:
     build_trainer(cfg, run_dir, [*callbacks, Partial()]).fit(module, datamodule=datamodule)
     out = result(memory.close())
     out["fit_s"] = round(time.perf_counter() - start, 2)
-    out["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3) \
-        if torch.cuda.is_available() else None
+    out["peak_memory_gib"] = round(max((v for step in out["memory_gib_by_step"] for v in step.values()), default=0.0),
+                                   3) if torch.cuda.is_available() else None
     return out
 
 
@@ -491,10 +497,16 @@ def install_deps(deps: Path, site: Path) -> None:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)], check=True)
         (site / ".installed").write_text("\n".join(w.name for w in wheels) + "\n")
-    path = [str(site), str(REPO)]
-    os.environ["PYTHONPATH"] = os.pathsep.join(path + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                        if p])
-    sys.path[:0] = path
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), *[p for p in os.environ.get("PYTHONPATH", "").split(
+        os.pathsep) if p]])
+    sys.path.insert(0, str(site))
+
+
+def child_env() -> dict:
+    """This environment with the repository's root first on PYTHONPATH (a part runs as `python -m`, from the
+    root, uninstalled on a GPU machine)."""
+    paths = [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def run_part(name: str, args, limit_s: float, work: Path) -> dict:
@@ -503,7 +515,7 @@ def run_part(name: str, args, limit_s: float, work: Path) -> dict:
     result_file = work / f"{name}.json"
     result_file.unlink(missing_ok=True)
     Path(str(result_file) + ".partial").unlink(missing_ok=True)
-    command = [sys.executable, "-u", str(Path(__file__).resolve()), "--part", name, "--work", str(work),
+    command = [sys.executable, "-u", "-m", "hacrl_lightning.bench.gpu_check", "--part", name, "--work", str(work),
                "--result", str(result_file), *(["--tiny"] if args.tiny else []),
                *(["--zoo-cache", args.zoo_cache] if args.zoo_cache else []),
                *(["--tflops", str(args.tflops)] if args.tflops else []),
@@ -513,7 +525,7 @@ def run_part(name: str, args, limit_s: float, work: Path) -> dict:
     with open(log, "w") as handle:
         try:
             code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, timeout=limit_s,
-                                  cwd=str(REPO)).returncode
+                                  cwd=str(REPO), env=child_env()).returncode
         except subprocess.TimeoutExpired:
             code = None
     seconds = round(time.perf_counter() - start, 1)
@@ -586,6 +598,7 @@ def check(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="hacrl_gpu_check_"))
+    work.mkdir(parents=True, exist_ok=True)
     args.work = str(work)
     started = time.perf_counter()
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit(),
@@ -651,5 +664,4 @@ PART_FUNCTIONS = {"env": part_env, "build": part_build, "single": part_single, "
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     sys.exit(main())

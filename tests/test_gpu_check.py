@@ -1,0 +1,117 @@
+"""The prepared GPU check (`scripts/gpu_check.py`, docs/GPU.md) run here with `--tiny`: the same parts on the
+CPU with shrunk dimensions (same architectures, real tokenizers), so its code is tested before a GPU's minutes
+are spent on it. Its figures are checked for existence and consistency, never for speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hacrl_lightning.bench import gpu_check
+from hacrl_lightning.bench.gpu_check import FSDP_STEPS, TINY, figures
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def check(tmp_path: Path, zoo_cache: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict, str]:
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--tiny", "--out", str(out),
+                           "--work", str(tmp_path / "work"), "--zoo-cache", str(zoo_cache), *extra],
+                          capture_output=True, text=True, timeout=900, cwd=str(REPO))
+    report = json.loads((out / "gpu_check.json").read_text())
+    return proc, report, (out / "gpu_check.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def tiny_check(tmp_path_factory, zoo_cache):
+    return check(tmp_path_factory.mktemp("gpu_check"), zoo_cache)
+
+
+def test_every_part_runs_and_the_reports_say_so(tiny_check):
+    proc, report, md = tiny_check
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list(report["parts"]) == list(gpu_check.PARTS)
+    for name, part in report["parts"].items():
+        assert part["status"] == "ok", (name, part.get("output_tail"))
+        assert f"| {name} | ok |" in md
+    assert "skipped" in report["parts"]["offload"]  # until trainer.placement exists (issue 34)
+    built = report["parts"]["build"]
+    assert {built[k]["architecture"] for k in ("qwen3_1_7b", "llama3_2_1b_instruct")} == \
+        {"Qwen/Qwen3-1.7B", "meta-llama/Llama-3.2-1B-Instruct"}
+
+
+@pytest.mark.parametrize("part, steps", [("single", TINY.steps), ("fsdp", FSDP_STEPS)])
+def test_training_parts_do_the_planned_work(tiny_check, part, steps):
+    _, report, _ = tiny_check
+    result = report["parts"][part]
+    assert len(result["steps"]) == steps
+    agents = ("qwen3_1_7b", "llama3_2_1b_instruct")
+    for row in result["steps"]:
+        # fixed-length sampling: every response exactly response_len tokens, from each of the 2 agents
+        assert row["rollout_tokens"] == 2 * TINY.prompts * TINY.group * TINY.response_len
+        for name in agents:  # each learner reads every row (own and partner), prompts included
+            assert row[f"update_tokens/{name}"] > row[f"old_logprob_tokens/{name}"] > 0
+    fig = result["figures"]
+    assert fig["step_s"] > 0 and fig["generation_tokens_per_s"] > 0 and fig["update_tflops"] > 0
+    assert set(fig["phases_s"]) == {"rollout", "reward", "exchange", "old_logprobs", "update", "weight_sync",
+                                    "logging"}
+    assert "memory_gib" not in fig  # CUDA memory only where CUDA is
+    assert result["plan_gib"]["fits"] is True and result["plan_gib"]["phases"]["update"] > 0
+
+
+def test_the_bf16_drift_is_measured_for_each_learner(tiny_check):
+    _, report, md = tiny_check
+    drifts = report["parts"]["single"]["drift"]
+    assert set(drifts) == {"qwen3_1_7b", "llama3_2_1b_instruct"}
+    for name, d in drifts.items():
+        assert "error" not in d, d
+        # own rows carry the pass's own old log-probs: ratio 1 in both precisions, the same loss value
+        assert d["loss_bf16"] == pytest.approx(d["loss_fp32"], rel=1e-6)
+        # bf16 keeps 8 bits of mantissa (relative rounding 2^-9 = 2e-3 per operation); over two blocks and an
+        # fp32-accumulated loss the gradient moves by ~1e-3..1e-2 (H100, real sizes: 3-4e-2), never its direction
+        assert 0 < d["grad_rel"] < 0.1 and d["grad_cos"] > 0.99
+        assert d["ratio_noise_fp32"]["max"] < 1e-4  # fp32: rounding only (H100: 1e-6)
+        assert f"drift {name}" in md
+
+
+def test_a_failing_part_is_reported_and_the_check_goes_on(tmp_path, zoo_cache):
+    proc, report, md = check(tmp_path, zoo_cache, "--parts", "single,offload")  # no build: no agent directories
+    assert proc.returncode == 1
+    single = report["parts"]["single"]
+    assert single["status"].startswith("failed")
+    assert "AgentLoadError" in single["output_tail"] or "does not exist" in single["output_tail"]
+    assert report["parts"]["offload"]["status"] == "ok"
+    assert "**single** failed" in md
+
+
+def test_figures_by_hand():
+    result = {
+        "device": "NVIDIA H100 80GB HBM3",
+        "parameters": {"a": 1_000_000_000, "b": 500_000_000},
+        "steps": [
+            {"step_s": 9.0, "rollout": 5.0, "update": 3.0, "old_logprobs": 1.0, "rollout_tokens": 10,
+             "update_tokens/a": 1, "update_tokens/b": 1, "old_logprob_tokens/a": 1, "old_logprob_tokens/b": 1},
+            {"step_s": 4.0, "rollout": 2.0, "update": 1.5, "old_logprobs": 0.5, "rollout_tokens": 4000,
+             "update_tokens/a": 1000, "update_tokens/b": 2000, "old_logprob_tokens/a": 500,
+             "old_logprob_tokens/b": 1000},
+        ],
+        "memory_gib_by_step": [{"setup": 10.0}, {"rollout": 99.0, "update": 99.0},
+                               {"rollout": 30.0, "old_logprobs": 20.0, "update": 50.0}],
+        "plan_gib": {"phases": {"rollout": 40.0, "old_logprobs": 40.0, "update": 40.0}},
+    }
+    fig = figures(result, tflops=500.0)
+    assert fig["step_s"] == 4.0 and fig["first_step_s"] == 9.0  # the first step is left out of the medians
+    assert fig["generation_tokens_per_s"] == 2000.0
+    assert fig["update_tokens_per_s"] == 2000.0
+    # 6 N T: (6 * 1e9 * 1000 + 6 * 5e8 * 2000) / 1.5 s = 8e12 FLOP/s
+    assert fig["update_tflops"] == 8.0
+    assert fig["update_mfu_vs_measured_matmul"] == pytest.approx(8.0 / 500.0)
+    assert fig["update_mfu_vs_datasheet"] == pytest.approx(round(8.0 / 989.4, 4))
+    # 2 N T: (2 * 1e9 * 500 + 2 * 5e8 * 1000) / 0.5 s = 4e12
+    assert fig["old_logprobs_tflops"] == 4.0
+    assert fig["memory_gib"] == {"rollout": 30.0, "old_logprobs": 20.0, "update": 50.0}  # the warm-up's 99 left out
+    assert fig["memory_over_plan"] == {"rollout": 0.75, "old_logprobs": 0.5, "update": 1.25}
