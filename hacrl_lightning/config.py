@@ -612,7 +612,13 @@ class EvaluateConfig:
     """`auto` (CUDA when available), `cpu` or `cuda`."""
     seed: int = 0
     output_dir: str = "eval/default"
+    """Where evaluate.yaml and results.{json,md} go; a folder that holds other files is refused unless
+    `overwrite=true` (then only evaluate.py's own files in it are replaced)."""
+    overwrite: bool = False
     zoo_cache: Optional[str] = None
+    trust_remote_code: bool = False
+    """Run the code that a model folder or hub model ships (transformers' `trust_remote_code`) for the agents
+    of this evaluation. Never taken from a run's saved config: a run trained with it needs it here too."""
 
 
 EVAL_DEVICES = ("auto", "cpu", "cuda")

@@ -259,12 +259,16 @@ def run_config(run_dir: Path) -> TrainConfig:
 
 
 def _load_checkpoint(checkpoint: Path) -> dict[str, Any]:
-    """A whole Lightning checkpoint (a file, or an FSDP2 directory, consolidated)."""
+    """A whole Lightning checkpoint (a file, or an FSDP2 directory, consolidated), read with `safe_load`'s
+    readers: one that would run code raises `UnsafeCheckpoint` and nothing of it runs."""
+    from hacrl_lightning.safe_load import check_distributed_checkpoint, load_checkpoint_file
+
     if checkpoint.is_dir():
         from lightning.fabric.utilities.consolidate_checkpoint import _load_distributed_checkpoint
 
+        check_distributed_checkpoint(checkpoint)
         return _load_distributed_checkpoint(checkpoint)
-    return torch.load(checkpoint, map_location="cpu", weights_only=False)
+    return load_checkpoint_file(checkpoint)
 
 
 def checkpoint_state(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -310,16 +314,25 @@ def _newest_loaded(location: str | os.PathLike, tries: int = 3) -> tuple[Path, d
 
 
 def agents_from_checkpoint(location: str | os.PathLike, *, zoo_cache: str | None = None,
-                           adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c
-                           ) -> tuple[dict[str, Agent], dict[str, Any]]:
+                           adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c,
+                           trust_remote_code: bool = False) -> tuple[dict[str, Agent], dict[str, Any]]:
     """Every agent of a run, built as its config says and loaded with the newest checkpoint's weights, and
     which checkpoint that was: its `file`, `step` (training steps done), the run's `steps_wanted` and
-    `run` state (`run_state`: `training` when the run is still going, so a newer checkpoint may come)."""
+    `run` state (`run_state`: `training` when the run is still going, so a newer checkpoint may come).
+
+    The run's config is someone's file: an agent it marks `trust_remote_code: true` is refused unless this
+    command allows it (`trust_remote_code`), and its `zoo_cache` is not used (the command's own is)."""
     from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, run_dir_of
 
     checkpoint, full = _newest_loaded(location)
     run_dir = run_dir_of(checkpoint)
     cfg = run_config(run_dir)
+    untrusted = [name for name, agent_cfg in cfg.agents.items() if agent_cfg.trust_remote_code]
+    if untrusted and not trust_remote_code:
+        raise AgentLoadError(
+            f"{run_dir / 'config.yaml'}: agents {untrusted} were trained with trust_remote_code: true (loading them "
+            f"runs code shipped with {[cfg.agents[n].model for n in untrusted]}); evaluate.py does not take that from "
+            "a run's saved config. Fix: if you trust that code, add trust_remote_code=true to this command")
     numbered = CHECKPOINT_RE.match(checkpoint.name)
     step = (full.get("hacrl") or {}).get("steps_done", int(numbered.group(1)) if numbered else None)
     info = {"file": str(checkpoint.resolve()), "step": step, "steps_wanted": _steps_wanted(run_dir, cfg),
@@ -332,7 +345,7 @@ def agents_from_checkpoint(location: str | os.PathLike, *, zoo_cache: str | None
         if not weights:
             raise AgentLoadError(f"{checkpoint}: no weights for agent {name!r} (keys {prefix}*). Fix: give a "
                                  "checkpoint written by scripts/train.py for this run")
-        agent = Agent.load(name, adjust(agent_cfg), zoo_cache=zoo_cache or cfg.zoo_cache, check_texts=())
+        agent = Agent.load(name, adjust(agent_cfg), zoo_cache=zoo_cache, check_texts=())
         agent.load_state_dict(weights, strict=True)
         agents[name] = agent
     return agents, info
@@ -351,7 +364,7 @@ def _steps_wanted(run_dir: Path, cfg: TrainConfig) -> int:
 
 
 def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
-                     adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c,
+                     adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c, trust_remote_code: bool = False,
                      ) -> tuple[dict[str, Agent], dict[str, str], dict[str, dict[str, Any]]]:
     """Agents to evaluate, where each came from, and for those from a run's checkpoint which checkpoint
     (`agents_from_checkpoint`'s file, step, steps_wanted, run state). An entry is an exported agent dir or any
@@ -361,7 +374,8 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
     edits each AgentConfig (length and dtype overrides). An export cut short (`incomplete_export`)
     raises AgentLoadError with how to redo it.
 
-    Tokenizers are not checked for lossless round trips here: evaluation never retokenizes.
+    Tokenizers are not checked for lossless round trips here: evaluation never retokenizes. Code shipped with
+    a model runs only with `trust_remote_code` (the command's own setting, never a run's saved one).
     """
     agents: dict[str, Agent] = {}
     sources: dict[str, str] = {}
@@ -369,7 +383,8 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
     for entry in entries:
         path = Path(os.path.expanduser(entry))
         if _is_checkpoint(path):
-            loaded, info = agents_from_checkpoint(path, zoo_cache=zoo_cache, adjust=adjust)
+            loaded, info = agents_from_checkpoint(path, zoo_cache=zoo_cache, adjust=adjust,
+                                                  trust_remote_code=trust_remote_code)
             for name, agent in loaded.items():
                 key = _unique(name, agents)
                 agents[key], sources[key], checkpoints[key] = agent, f"checkpoint {info['file']}", info
@@ -390,7 +405,8 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
                                  "runs/<run>/exports/<agent>, runs/<run> or a checkpoint path")
         else:  # a hub id such as Qwen/Qwen3-4B-Base
             key = _unique(entry.split("/")[-1].replace(".", "_"), agents)
-            agents[key] = Agent.load(key, adjust(AgentConfig(model=entry)), zoo_cache=zoo_cache, check_texts=())
+            agents[key] = Agent.load(key, adjust(AgentConfig(model=entry, trust_remote_code=trust_remote_code)),
+                                     zoo_cache=zoo_cache, check_texts=())
             sources[key] = entry
             continue
         if not directories:
@@ -403,7 +419,8 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
                                      f"Fix: {redo_export(directory)}")
             name, cfg = export_config(directory)
             key = _unique((name or directory.name).replace(".", "_"), agents)
-            agents[key] = Agent.load(key, adjust(cfg), zoo_cache=zoo_cache, check_texts=())
+            agents[key] = Agent.load(key, adjust(replace(cfg, trust_remote_code=trust_remote_code)),
+                                     zoo_cache=zoo_cache, check_texts=())
             sources[key] = entry if entry.startswith(ZOO_PREFIX) else str(directory)
     return agents, sources, checkpoints
 

@@ -58,6 +58,7 @@ from hacrl_lightning.data.tasks import BENCHMARK_TASKS, load_task, task_names
 from hacrl_lightning.errors import Checks, ConfigError, Problem, suggest
 from hacrl_lightning.hub import download_command, missing_from_hub
 from hacrl_lightning.presets import preset_names
+from hacrl_lightning.run_dir import output_dir_problem
 from hacrl_lightning.rewards import reward_names
 from hacrl_lightning.rollout.engine import BACKENDS
 
@@ -157,6 +158,9 @@ def check_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
     benchmark it names, in the local cache or reachable (all at once); what `scripts/evaluate.py`
     runs before it writes or loads anything."""
     problems = evaluate_problems(cfg) + evaluate_name_problems(cfg)
+    output = output_dir_problem(cfg.output_dir, key="output_dir", overwrite=cfg.overwrite,
+                                writes="evaluate.yaml, results.json and results.md")
+    problems += [output] if output else []
     seen = {p.key for p in problems}
     problems += [p for p in evaluate_machine_problems(cfg) if p.key not in seen]
     if problems:
@@ -471,7 +475,7 @@ def _overlong(key: str, field: str, limit: int, texts: Sequence[str], what: str)
 
 def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cfg: AgentConfig,
                         prompts: Sequence[str], answers: Sequence[str]) -> List[Problem]:
-    from hacrl_lightning.agents.agent import render_chat_prompts
+    from hacrl_lightning.agents.agent import encode_chat_prompts
     from hacrl_lightning.agents.tokenizers import decode_text, encode_text
 
     problems: List[Problem] = []
@@ -486,10 +490,11 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
                             _overlong(key, "max_response_len", cfg.max_response_len, answers, "answer")) if p]
     if overlong:  # nothing is tokenized: the data must change first
         return problems + overlong
-    texts = [*prompts, *answers]
-    lossy = next((t for t, ids in zip(texts, encode_text(tokenizer, texts)) if decode_text(tokenizer, ids) != t), None)
+    texts = [*prompts, *answers]  # data: a special token spelled in one stays text (`encode_chat_prompts`)
+    lossy = next((t for t, ids in zip(texts, encode_text(tokenizer, texts, split_special_tokens=True))
+                  if decode_text(tokenizer, ids) != t), None)
     if lossy is not None:
-        back = decode_text(tokenizer, encode_text(tokenizer, [lossy])[0])
+        back = decode_text(tokenizer, encode_text(tokenizer, [lossy], split_special_tokens=True)[0])
         problems.append(Problem(tokenizer_key, source,
                                 "a lossless tokenizer: decode(encode(text)) == text on the task's texts "
                                 "(docs/spec.md §8)",
@@ -497,7 +502,7 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
                                 f"tokenizer, not WordPiece: {key}.tokenizer=<hub id or dir>"))
     if problems or not prompts:
         return problems
-    prompt_lens = [len(ids) for ids in encode_text(tokenizer, render_chat_prompts(tokenizer, cfg, prompts))]
+    prompt_lens = [len(ids) for ids in encode_chat_prompts(tokenizer, cfg, prompts)]
     if min(prompt_lens) > cfg.max_prompt_len:  # a longer prompt is dropped at load (data.filter_overlong_prompts)
         problems.append(Problem(f"{key}.max_prompt_len", cfg.max_prompt_len,
                                 f">= {min(prompt_lens)} (none of {len(prompts)} sampled task prompts fits in this "

@@ -10,6 +10,8 @@ writes (`RUN_ENTRIES`) and keeps any other file; a directory that is not a run's
 untouched, `overwrite=true` or not. If anything fails before training starts, `RunDir.abandon`
 removes the directory again when this claim created it, so no half-made run is left behind.
 `lock_directory` is the lock alone, also taken by `scripts/compare.py` on its output directory.
+`output_dir_problem` is the rule of the other commands' output folders (evaluate.py's `output_dir`,
+compare.py's `out`): a new or empty folder, or one of theirs, else `overwrite=true`.
 
 Only rank zero claims: under data parallelism the other ranks (which Lightning re-launches, or a
 cluster launcher starts beside it) write into the directory rank zero holds. Deliberately not here:
@@ -78,9 +80,10 @@ class RunDir:
 
 
 def run_dir_of(checkpoint: str | os.PathLike) -> Path:
-    """The run directory a checkpoint belongs to (`<run>/checkpoints/step_*.ckpt` -> `<run>`)."""
-    parent = Path(checkpoint).resolve().parent
-    return parent.parent if parent.name == "checkpoints" else parent
+    """The run directory a checkpoint belongs to (`<run>/checkpoints/step_*.ckpt` -> `<run>`), found by the
+    path's names before any link is followed: a `checkpoints/` that links to another disk is still the run's."""
+    parent = Path(os.path.abspath(Path(checkpoint).expanduser())).parent
+    return (parent.parent if parent.name == "checkpoints" else parent).resolve()
 
 
 def resume_run_dir(resume: str | os.PathLike) -> Path:
@@ -89,8 +92,8 @@ def resume_run_dir(resume: str | os.PathLike) -> Path:
     location = Path(resume).expanduser()
     if location.suffix == ".ckpt":
         return run_dir_of(location)
-    location = location.resolve()
-    return location.parent if location.name == "checkpoints" else location
+    location = Path(os.path.abspath(location))
+    return (location.parent if location.name == "checkpoints" else location).resolve()
 
 
 def lock_directory(path: Path, *, key: str, what: str) -> IO:
@@ -188,3 +191,41 @@ def claim_run_dir(path: str | os.PathLike, *, resuming: bool, overwrite: bool, r
               file=sys.stderr)
     _mark(path)
     return claim
+
+
+def output_dir_problem(path: str | os.PathLike, *, key: str, overwrite: bool, owned: bool = False,
+                       writes: str) -> Optional[Problem]:
+    """The problem with writing a command's outputs (`writes`, e.g. "results.json and results.md") into `path`:
+    None when it is new or empty, `owned` (the command's own folder, which it continues), or the user said
+    `overwrite=true` (then only the command's own files in it are replaced); else it holds someone's files
+    and is refused untouched. A path that is a file, or a folder this user cannot write, is refused too."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        return Problem(key, str(path), "a folder (new, or empty)", f"{path} is a file: choose another {key}")
+    if not path.exists():
+        parent = next((p for p in path.parents if p.exists()), None)
+        if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+            return Problem(key, str(path), "a folder this user can create",
+                           f"{parent} is not writable: choose another {key}")
+        return None
+    if not os.access(path, os.W_OK | os.X_OK):
+        return Problem(key, str(path), "a folder this user can write", f"it is read-only: choose another {key}")
+    contents = sorted(p.name for p in path.iterdir())
+    if not contents or owned or overwrite:
+        return None
+    return Problem(key, str(path), f"a new or empty folder (this command writes {writes} into it)",
+                   f"it already holds {_listed(contents)}; nothing was changed: choose another {key}, or add "
+                   f"overwrite=true to replace this command's own files there (any other file is kept)")
+
+
+def linked_exports_problem(path: str | os.PathLike, *, export_agents: bool) -> Optional[Problem]:
+    """A run exports its agents into `<run>/exports/<agent>`, replacing what is there: through an `exports` that
+    is a link, that would replace folders outside the run (someone's model folder of the same name). Refused
+    (the link and its target untouched) when the run exports; `checkpoints/` may be a link (another disk)."""
+    exports = Path(path) / "exports"
+    if not export_agents or not exports.is_symlink():
+        return None
+    return Problem("run_dir", str(path), "a run directory whose exports/ is a folder of the run (not a link)",
+                   f"{exports} links to {os.path.realpath(exports)}, and an export replaces same-named folders "
+                   "there; nothing was changed: remove the link (its target is kept) and copy the exports where "
+                   "you want them after the run, or set trainer.export_agents=false")

@@ -44,7 +44,7 @@ from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule, UpdateSettings
 from hacrl_lightning.resume import config_dict, resume_changes
-from hacrl_lightning.run_dir import claim_run_dir, run_dir_of
+from hacrl_lightning.run_dir import claim_run_dir, linked_exports_problem, run_dir_of
 from hacrl_lightning.strategies import lightning_precision, make_strategy
 
 
@@ -151,6 +151,9 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
     rank = launch_rank(cfg.trainer.devices)
     run_dir = Path(cfg.run_dir).resolve()
     with catch_signals():
+        linked = linked_exports_problem(run_dir, export_agents=cfg.trainer.export_agents)
+        if linked:
+            raise ConfigError([linked])
         source, skipped = resume_checkpoint(cfg.resume) if cfg.resume else (None, [])
         continuing = source is not None and run_dir_of(source) == run_dir
         run = claim_run_dir(run_dir, resuming=continuing, overwrite=cfg.overwrite, rank=rank)

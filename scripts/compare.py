@@ -44,7 +44,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hacrl_lightning import experiments as ex
 from hacrl_lightning.cli import SCRIPTS_DIR, WORK_DIR, compose_config, hydra_value
 from hacrl_lightning.errors import ConfigError, Problem
-from hacrl_lightning.run_dir import lock_directory, unlock_directory
+from hacrl_lightning.run_dir import is_run_dir, lock_directory, output_dir_problem, unlock_directory
 
 METHODS = ["grpo", "gspo", "gspo_x2", "naive", "hacpo"]
 ABLATIONS = ["hacpo_no_adv", "hacpo_no_omega", "hacpo_alpha0", "hacpo_no_stepwise", "hacpo_no_clip"]
@@ -72,12 +72,28 @@ class CompareConfig:
     cross_samples: List[Any] = field(default_factory=lambda: ["all", 2])
     """Scaling study: values of algorithm.cross_samples_per_prompt."""
     out: Optional[str] = None
-    """Output directory; default runs/compare/<study>. Re-running with the same `out` resumes."""
+    """Output directory; default runs/compare/<study>. Re-running with the same `out` resumes. A folder that
+    holds other files (not a comparison's) is refused unless `overwrite=true`."""
+    overwrite: bool = False
+    """Write into an `out` that holds other files: compare.py's own outputs there are replaced, others kept."""
     jobs: int = 1
     """Runs at once (each gets cores/jobs torch threads)."""
     allow_partial: bool = False
     """Show means over an arm's finished runs when some of its planned runs did not finish (marked partial);
     by default such an arm gets no mean."""
+
+
+MARKER = ".hacrl_compare"
+"""Written into every comparison's `out`: re-running into it resumes, and is not refused as someone's folder."""
+
+
+def is_comparison(out: Path) -> bool:
+    """`out` holds a comparison: the marker, or (one made before the marker) a `runs/` of run directories."""
+    if (out / MARKER).is_file():
+        return True
+    runs = out / "runs"
+    return runs.is_dir() and any(is_run_dir(run) for arm in runs.iterdir() if arm.is_dir() for run in arm.iterdir()
+                                 if run.is_dir())
 
 
 def parse_args(argv: list[str]) -> tuple[CompareConfig, list[str]]:
@@ -314,9 +330,15 @@ def main(argv: list[str]) -> int:
     try:
         cfg, training = parse_args(argv)
         arms, out = plan(cfg)
+        problem = output_dir_problem(out, key="out", overwrite=cfg.overwrite, owned=is_comparison(out),
+                                     writes="runs/, results.csv, results.md and plots")
+        if problem:
+            raise ConfigError([problem])
         specs, wanted = check_runs(ex.plan_runs(arms, cfg.seeds, out), training)
         out.mkdir(parents=True, exist_ok=True)
         lock = lock_directory(out, key="out", what="comparison")  # one compare.py per output directory
+        (out / MARKER).write_text("A scripts/compare.py output directory: re-running compare.py with this out= "
+                                  "resumes it.\n")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -71,7 +71,8 @@ def main(argv: list[str]) -> int:
             benchmarks[name] = exclude_unscorable(loaded, rewards[name], what=name)
             where = "generated" if not get_benchmark(name).hub_id else (files or "the hub")
             print(f"{name}: {len(benchmarks[name])} problems from {where}, scored by {rewards[name]}")
-        agents, sources, checkpoints = load_eval_agents(cfg.agents, zoo_cache=cfg.zoo_cache, adjust=adjust)
+        agents, sources, checkpoints = load_eval_agents(cfg.agents, zoo_cache=cfg.zoo_cache, adjust=adjust,
+                                                        trust_remote_code=cfg.trust_remote_code)
     except (AgentLoadError, BenchmarkLoadError, DataFormatError, FileNotFoundError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from hacrl_lightning.agents.sources import AgentLoadError, fetch, resolve_source
 from hacrl_lightning.agents.tokenizers import check_lossless, decode_text, embedding_mismatch, encode_text, \
-    save_tokenizer
+    save_tokenizer, special_strings
 from hacrl_lightning.config import AgentConfig
 
 __all__ = ["AGENT_FILE", "Agent", "AgentLoadError", "gather_logprobs", "render_chat_prompts"]
@@ -136,8 +136,9 @@ class Agent(nn.Module):
         return render_chat_prompts(self.tokenizer, self.cfg, texts)
 
     def encode_prompts(self, texts: Sequence[str], *, truncate: bool = True) -> list[list[int]]:
-        """Chat-templated prompt ids (one batched tokenizer call), left-truncated to `max_prompt_len`."""
-        ids = encode_text(self.tokenizer, self.render_prompts(texts))
+        """Chat-templated prompt ids (`encode_chat_prompts`: the template's control tokens are tokens, the
+        question's text is text), left-truncated to `max_prompt_len`."""
+        ids = encode_chat_prompts(self.tokenizer, self.cfg, texts)
         return [row[-self.max_prompt_len:] for row in ids] if truncate else ids
 
     def encode_response(self, texts: Sequence[str]) -> list[list[int]]:
@@ -245,6 +246,32 @@ def render_chat_prompts(tokenizer: PreTrainedTokenizerBase, cfg: AgentConfig, te
         return []
     return tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True,
                                          **cfg.chat_template_kwargs)
+
+
+PROMPT_SLOT = "\ue000hacrl-question\ue000"
+"""Stands for a question in the template when a question spells a special token (`encode_chat_prompts`):
+private-use characters no data file and no template writes."""
+
+
+def encode_chat_prompts(tokenizer: PreTrainedTokenizerBase, cfg: AgentConfig, texts: Sequence[str]) -> list[list[int]]:
+    """Each question in the chat template, as ids (no BOS/EOS added beyond the template's own). A question is
+    data: one that spells a special token of this tokenizer (`<|im_end|>\n<|im_start|>assistant`, a forged
+    turn) is encoded as ordinary text between the template's own tokens (the template rendered around
+    `PROMPT_SLOT`, its parts encoded with their special tokens, the question with `split_special_tokens`).
+    Every other question is encoded as the whole rendered string, exactly as before this rule."""
+    ids = encode_text(tokenizer, render_chat_prompts(tokenizer, cfg, texts))
+    spelled = special_strings(tokenizer)
+    forged = [i for i, text in enumerate(texts) if any(s in text for s in spelled)]
+    if forged:
+        (around,) = render_chat_prompts(tokenizer, cfg, [PROMPT_SLOT])
+        if around.count(PROMPT_SLOT) != 1:
+            raise ValueError(f"the chat template of {tokenizer.name_or_path!r} does not place the question once in "
+                             "the prompt; a question that spells a special token cannot be kept as text")
+        before, after = encode_text(tokenizer, around.split(PROMPT_SLOT))
+        questions = encode_text(tokenizer, [texts[i] for i in forged], split_special_tokens=True)
+        for i, question in zip(forged, questions):
+            ids[i] = before + question + after
+    return ids
 
 
 PARTIAL_SUFFIX = ".partial"

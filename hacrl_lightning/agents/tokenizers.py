@@ -220,6 +220,14 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *,
     return tokenizer(list(texts), add_special_tokens=False, split_special_tokens=split_special_tokens)["input_ids"]
 
 
+def special_strings(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
+    """The spellings of `tokenizer`'s special tokens (`<|im_end|>`, `<|eot_id|>`, ...): text that would
+    become a control token if encoded without `split_special_tokens`."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    spelled = {str(t) for t in tokenizer.all_special_tokens} | {t.content for t in added.values() if t.special}
+    return tuple(sorted(s for s in spelled if s))
+
+
 def largest_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The largest id `tokenizer` can produce: of its vocabulary (added tokens included) and special tokens."""
     return max([len(tokenizer) - 1, *tokenizer.get_vocab().values(), *tokenizer.all_special_ids])
@@ -241,8 +249,9 @@ class LossyTokenizerError(ValueError):
 
 
 def check_lossless(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *, agent: str) -> None:
-    """Raise `LossyTokenizerError` naming `agent` and the first text that does not round-trip."""
-    for text, ids in zip(texts, encode_text(tokenizer, texts)):
+    """Raise `LossyTokenizerError` naming `agent` and the first text that does not round-trip. Texts are data:
+    a special token spelled in one is encoded as text (`split_special_tokens`), as prompts and responses are."""
+    for text, ids in zip(texts, encode_text(tokenizer, texts, split_special_tokens=True)):
         back = decode_text(tokenizer, ids)
         if back != text:
             raise LossyTokenizerError(

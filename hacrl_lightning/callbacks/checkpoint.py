@@ -43,6 +43,7 @@ from lightning.pytorch import Callback
 from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.files import fsync_tree, replace_durably
 from hacrl_lightning.run_dir import run_dir_of
+from hacrl_lightning.safe_load import UnsafeCheckpoint, check_distributed_checkpoint, load_checkpoint_file
 
 CHECKPOINT_RE = re.compile(r"^step_(\d+)\.ckpt$")
 CRASH_ENV = "HACRL_CRASH_IN_CHECKPOINT"
@@ -187,20 +188,22 @@ def latest_checkpoint(location: str | os.PathLike) -> Path:
 
 def damage(path: Path) -> str | None:
     """Why the checkpoint at `path` cannot be loaded (None: it loads). Reads the file's index and maps its
-    tensors without copying them (a distributed checkpoint: its metadata and the size of every shard)."""
+    tensors without copying them (a distributed checkpoint: its metadata and the size of every shard), with
+    `safe_load`'s readers: a checkpoint that would run code raises `UnsafeCheckpoint` (never damage to skip)."""
     try:
         if path.is_dir():
             from torch.distributed.checkpoint import FileSystemReader
 
+            check_distributed_checkpoint(path)  # before torch's own plain pickle.load of its .metadata
             metadata = FileSystemReader(str(path)).read_metadata()
             for info in metadata.storage_data.values():
                 shard = path / info.relative_path
                 if not shard.is_file() or shard.stat().st_size < info.offset + info.length:
                     return f"shard {info.relative_path} is missing or cut short"
-            if (path / "meta.pt").exists():
-                torch.load(path / "meta.pt", map_location="cpu", weights_only=False)
         else:
-            torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+            load_checkpoint_file(path, mmap=True)
+    except UnsafeCheckpoint:
+        raise
     except Exception as err:  # noqa: BLE001 - any failure to load is damage, named in the message
         return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".strip()
     return None
@@ -208,7 +211,8 @@ def damage(path: Path) -> str | None:
 
 def resume_checkpoint(location: str | os.PathLike) -> tuple[Path, list[tuple[Path, str]]]:
     """The newest checkpoint at `location` that loads, and the newer ones skipped with the reason.
-    Raises FileNotFoundError when there is none (every one damaged)."""
+    Raises FileNotFoundError when there is none (every one damaged), and `UnsafeCheckpoint` at the first one
+    that would run code: a run directory holding such a file is not resumed from an older one either."""
     skipped = []
     for path in candidates(location):
         reason = damage(path)

@@ -24,9 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers as numbers_module
 import os
 import sys
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -200,11 +202,22 @@ def _column(path, row: int, record: dict[str, Any], column: str, layout: str) ->
 def _text(path, row: int, column: str, value: Any, *, numbers: bool = False) -> str:
     if isinstance(value, str) and value.strip():
         return _bounded(path, row, column, value.strip())
-    if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(int(value)) if float(value).is_integer() else str(value)
+    if numbers and isinstance(value, numbers_module.Real) and not isinstance(value, bool):
+        return number_text(value)
     kind = "a non-empty string" + (" or a number" if numbers else "")
     raise DataFormatError(path, f"has {type(value).__name__} {str(value)[:60]!r} where {kind} is expected",
                           f"store {column!r} as {kind}", row=row, column=column)
+
+
+def number_text(value) -> str:
+    """A number from a numeric column as an answer is written: an integer without a decimal point, any other
+    number in positional notation with the shortest digits that read back as it (1e-05 -> 0.00001). Never an
+    exponent: math-verify reads `1e-05` as Euler's e minus 5."""
+    if math.isfinite(value) and float(value).is_integer():
+        return str(int(value))
+    if not math.isfinite(value):
+        return str(value)  # refused by `_finite_gold`
+    return format(Decimal(str(value)), "f")
 
 
 def _bounded(path, row: int, column: str, text: str) -> str:
