@@ -46,6 +46,7 @@ from hacrl_lightning.preflight import check_evaluate, check_run, pure_problems, 
 from hacrl_lightning.presets import composition_problems, resolve_algorithm
 from hacrl_lightning import run_dir as run_dir_module
 from hacrl_lightning.run_dir import resume_run_dir
+from hacrl_lightning.safe_load import read_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
@@ -101,7 +102,8 @@ def group_options(group: str, user_dirs: Sequence[Path] = ()) -> dict[str, Path]
 def agent_key(option: str, path: Path | None = None) -> str:
     """The key an agent file lands under: its `# @package agents.<key>` line (else the option's name)."""
     path = path or CONFIG_DIR / "agents" / f"{option}.yaml"
-    match = re.search(r"^#\s*@package\s+agents\.(\S+)", path.read_text(), flags=re.M) if path.exists() else None
+    text = path.read_text(errors="replace") if path.exists() else ""  # a file that is not UTF-8: read_yaml says so
+    match = re.search(r"^#\s*@package\s+agents\.(\S+)", text, flags=re.M)
     return match.group(1) if match else option
 
 
@@ -145,12 +147,37 @@ def register_agent_files(overrides: Sequence[str]) -> tuple[list[str], list[Prob
                                         f"rename the file, e.g. my_{name}.yaml"))
             else:
                 package = f"agents.{agent_key(name.replace('.', '_'), path)}"
-                node = OmegaConf.load(path)
+                try:
+                    node = read_yaml(path, key="agents")
+                except ConfigError as err:
+                    problems += err.problems
+                    continue
+                found = agent_file_problems(node, path, package)
+                if found:
+                    problems += found
+                    continue
                 ConfigStore.instance().store(group="agents", name=name, node=node, package=package)
                 _AGENT_FILES[name] = path
                 names.append(name)
         out.append(f"agents=[{','.join(names)}]")
     return out, problems
+
+
+def agent_file_problems(node: Any, path: Path, package: str) -> list[Problem]:
+    """Every problem of an agent file's values (each key checked against `AgentConfig` on its own, so all are
+    named at once, as `<package>.<field>` with the file)."""
+    if not isinstance(node, DictConfig):
+        return [Problem("agents", str(path), "a YAML mapping of agent settings (model: ..., lr: ...)",
+                        f"{path.name} holds {type(node).__name__}: write one setting per line")]
+    schema, problems = OmegaConf.structured(AgentConfig), []
+    values = OmegaConf.to_container(node, resolve=False)
+    for field_name, value in values.items():
+        try:
+            OmegaConf.merge(schema, {field_name: value})
+        except OmegaConfBaseException as err:
+            found = _problem_from_exception(err)
+            problems.append(Problem(f"{package}.{field_name}", found.value, found.allowed, f"{found.fix} (in {path})"))
+    return problems
 
 
 _AGENT_FILES: dict[str, Path] = {}
@@ -325,10 +352,11 @@ def _problem_from_exception(err: Exception) -> Problem:
     if match and key.startswith("agents."):
         return Problem(key, match.group(1), "an agent selected in this run",
                        f"select it first, e.g. agents=[...,{match.group(1)}], then override {key}.<field>")
-    match = re.search(r"Value '(.*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
+    match = re.search(r"Value '(.*?)'(?: of type '\w+')? could not be converted to (\w+)", text)
     if match:
+        kind = match.group(2).lower()
         return Problem(key or "?", match.group(1), f"a value of type {match.group(2)}",
-                       f"give {key or 'the key'} a {match.group(2).lower()}")
+                       f"give {key or 'the key'} {'an' if kind[0] in 'aeiou' else 'a'} {kind}")
     return Problem(key or "config", first, "a configuration that composes", "see the message")
 
 

@@ -7,13 +7,17 @@ when stdout is not a terminal, a plain line every `trainer.progress_every` steps
 exactly the messages below and nothing else:
 
 - Lightning's info lines: the litlogger tips, "GPU/TPU available", "LOCAL_RANK: ... CUDA_VISIBLE_DEVICES",
-  "`Trainer.fit` stopped", and the `weights_only` note (our checkpoints say `weights_only=False` at the source, this catches the rest);
+  "`Trainer.fit` stopped", and the `weights_only` note (our checkpoint reads say `weights_only=True` at the source,
+  `safe_load.py`; this catches the rest);
 - Lightning's "Found N module(s) in eval mode" warning: RL forward passes run without dropout, so the
   module puts its agents in eval mode on purpose (`HACRLModule.on_train_batch_start`);
 - Lightning's `LeafSpec` deprecation warning (its own use of torch's pytree, nothing for a user to do);
 - transformers' "Loading weights" and "Writing model shards" progress bars (a tiny agent loads in
   milliseconds; a hub model's download has its own bar in huggingface_hub), and its advice to pass
   an attention mask (the engines always do).
+
+`exit_on_interrupt(message)` makes Ctrl-C, until a run installs its own handling, one line and exit status 130
+(no traceback), for the scripts' first seconds (imports, composing) and for evaluate.py throughout.
 
 Deliberately not here: anything that changes what a run computes, and any blanket filter (no
 `ignore` of a whole category or logger): an unknown warning is shown as it comes.
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
+import sys
 import warnings
 
 LIGHTNING_CHATTER = re.compile(
@@ -58,3 +64,15 @@ def quiet_libraries() -> None:
     hf_logging.get_logger("transformers")  # configures the library's handler
     for handler in logging.getLogger("transformers").handlers:  # records of every transformers.* logger pass here
         _add_once(handler, TRANSFORMERS_CHATTER)
+
+
+def exit_on_interrupt(message: str) -> None:
+    """From now until another handler replaces it (a run's `catch_signals`), SIGINT prints `message` on stderr
+    and exits with 128 + 2, raising SystemExit where the program is (its `finally` blocks run)."""
+
+    def handler(signum, frame) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C during the clean-up ends it at once
+        print(message, file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGINT, handler)

@@ -28,6 +28,7 @@ from hacrl_lightning.config import DataConfig, RolloutConfig
 from hacrl_lightning.data.filters import drop_overlong_prompts
 from hacrl_lightning.data.records import Example, PromptDataset
 from hacrl_lightning.evaluation import answer_rewards
+from hacrl_lightning.failures import generation_failed, is_out_of_memory
 from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
 from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
 from hacrl_lightning.step import StepBatch, step_seed
@@ -208,7 +209,13 @@ class RolloutDataModule(pl.LightningDataModule):
         for j, (name, agent) in enumerate(self.agents.items()):
             prompt_ids = agent.encode_prompts([ex.prompt for ex in examples])
             settings = self.sampling(agent, n=n, seed=step_seed(self.seed, step, 1000 * j + 7 * self._rank))
-            out[name] = self.engines[name].generate(prompt_ids, settings)
+            try:
+                out[name] = self.engines[name].generate(prompt_ids, settings)
+            except Exception as err:  # noqa: BLE001 - an allocation failure is said in one line; others raise
+                if not is_out_of_memory(err):
+                    raise
+                raise generation_failed(name, step, err, self.rollout_cfg.generation_batch_size,
+                                        agent.max_response_len, str(self.engine_dir.parent)) from err
         return out
 
     def rollout(self, examples: Sequence[Example], *, step: int) -> StepBatch:

@@ -255,7 +255,15 @@ def run_config(run_dir: Path) -> TrainConfig:
         raise FileNotFoundError(f"{run_dir}: no config.yaml beside the checkpoint, so the agents cannot be rebuilt. "
                                 "Fix: give the run directory written by scripts/train.py, or evaluate its exports "
                                 f"({run_dir}/exports/<agent>)")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path)))
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hacrl_lightning.safe_load import read_yaml
+
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), read_yaml(path, key="agents")))
+    except OmegaConfBaseException as err:
+        raise AgentLoadError(f"{path}: not a run's config ({str(err).splitlines()[0]}). Fix: give the run "
+                             "directory written by scripts/train.py, or evaluate its exports") from None
 
 
 def _load_checkpoint(checkpoint: Path) -> dict[str, Any]:
@@ -355,9 +363,11 @@ def _steps_wanted(run_dir: Path, cfg: TrainConfig) -> int:
     """The run's `trainer.steps`: a resumed session's (config.resumed.yaml, e.g. an extension) over the first's."""
     from omegaconf import OmegaConf
 
+    from hacrl_lightning.safe_load import read_yaml
+
     resumed = run_dir / "config.resumed.yaml"
     if resumed.is_file():
-        steps = OmegaConf.select(OmegaConf.load(resumed), "trainer.steps")
+        steps = OmegaConf.select(read_yaml(resumed, key="agents"), "trainer.steps")
         if isinstance(steps, int):
             return steps
     return cfg.trainer.steps

@@ -41,6 +41,7 @@ from hacrl_lightning.agents.exchange import AgentView
 from hacrl_lightning.algorithms import CapabilityWindow, compute_advantages, hacpo_loss, sequence_mean_logp, step_accuracy
 from hacrl_lightning.config import AlgorithmConfig, parse_cross_samples
 from hacrl_lightning.errors import RunFailed
+from hacrl_lightning.failures import checkpoints_note, is_out_of_memory
 from hacrl_lightning.grad_share import measure_grad_share
 from hacrl_lightning.loss_stats import LossStats
 from hacrl_lightning.plan import StepPlan, learner_order
@@ -58,11 +59,13 @@ class UpdateFailed(RunFailed):
     the step, the error and the setting most likely behind it."""
 
 
-def update_failed(name: str, step: int, err: Exception, agent_cfg, micro_batch_size: int, run_dir: str) -> UpdateFailed:
-    """The `UpdateFailed` for `err`, raised inside learner `name`'s update in training step `step` (0-based)."""
+def update_failed(name: str, step: int, err: Exception, agent_cfg, micro_batch_size: int, run_dir: str, *,
+                  phase: str = "update") -> UpdateFailed:
+    """The `UpdateFailed` for `err`, raised inside learner `name`'s `phase` (its update, or the forward that scores
+    its responses' old log-probs) in training step `step` (0-based)."""
     text = str(err).strip()
     first = text.splitlines()[0] if text else ""
-    if isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in text.lower():
+    if is_out_of_memory(err):
         hint = (f"lower trainer.micro_batch_size (now {micro_batch_size}) or agents.{name}.max_response_len "
                 f"(now {agent_cfg.max_response_len})")
     elif agent_cfg.lr >= 1:
@@ -72,10 +75,11 @@ def update_failed(name: str, step: int, err: Exception, agent_cfg, micro_batch_s
         hint = (f"check the settings of its update: agents.{name}.lr={agent_cfg.lr:g}, "
                 f"agents.{name}.weight_decay={agent_cfg.weight_decay:g}, agents.{name}.grad_clip={agent_cfg.grad_clip:g}, "
                 f"agents.{name}.dtype={agent_cfg.dtype}")
-    return UpdateFailed(f"agent {name!r}: its update in training step {step + 1} failed ({type(err).__name__}: "
+    return UpdateFailed(f"agent {name!r}: its {phase} in training step {step + 1} failed ({type(err).__name__}: "
                         f"{first}). Fix: {hint}, then start the run again (overwrite=true, or another run_dir: a resume "
-                        f"keeps the settings). Checkpoints already written are intact; resume={run_dir} continues "
-                        "from the newest if the cause has passed (memory another process held)")
+                        f"keeps the settings). {checkpoints_note(run_dir)}")
+
+
 
 
 class CrossLowerBound(Protocol):
@@ -309,33 +313,46 @@ class HACRLModule(pl.LightningModule):
         old_tokens, ref_tokens = {}, {}
         diffs = torch.zeros(len(self.names), 3, dtype=torch.float64)                       # [n, (sum, count, max)]
         for name in self.names:
-            view, agent = views[name], self.agents[name]
-            old_tokens[name] = torch.zeros(view.input_ids.shape)                            # [B, T]
-            if name in self.references:
-                ref_tokens[name] = torch.zeros(view.input_ids.shape)
-            pieces = plans[name].micro_batches_where(view.is_own, self.settings.micro_batch_size)
-            for micro_batch in micro_batches(pieces, stand_in=torch.nonzero(view.is_own).flatten()[:1]):
-                batch_rows = micro_batch.rows
-                micro = view.select(batch_rows).to(self.device)
-                logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
-                ref = None
-                if name in self.references:
-                    ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask,
-                                                               temperature=agent.cfg.temperature)
-                if not micro_batch.counts:  # a forward all the same: FSDP's collectives
-                    continue
-                old_tokens[name][batch_rows, : logp.shape[1]] = logp.float().cpu()
-                known = micro.loss_mask & torch.isfinite(micro.engine_logp)                # [b, T]
-                if bool(known.any()):  # the engine reported its log-probs (vLLM): |engine - trainer| per token
-                    diff = (logp.float() - micro.engine_logp.float())[known].abs().double().cpu()
-                    k = self.names.index(name)
-                    diffs[k, 0] += diff.sum()
-                    diffs[k, 1] += diff.numel()
-                    diffs[k, 2] = max(diffs[k, 2], diff.max())
-                old_mean[view.row_idx[batch_rows]] = sequence_mean_logp(logp, micro.loss_mask).float().cpu()
-                if ref is not None:
-                    ref_tokens[name][batch_rows, : ref.shape[1]] = ref.float().cpu()
+            try:
+                self._old_logprobs_of(name, views[name], plans[name], old_mean, old_tokens, ref_tokens, diffs)
+            except Exception as err:  # noqa: BLE001 - an allocation failure is said in one line; others raise
+                if not is_out_of_memory(err):
+                    raise
+                raise update_failed(name, self.steps_done, err, self.agents[name].cfg, self.settings.micro_batch_size,
+                                    self.trainer.default_root_dir, phase="forward pass scoring its responses (old log-probs)"
+                                    ) from err
         return self._sum_over_ranks(old_mean), old_tokens, ref_tokens, self._mismatch_metrics(diffs)
+
+    def _old_logprobs_of(self, name: str, view: AgentView, plan: StepPlan, old_mean: torch.Tensor,
+                         old_tokens: dict, ref_tokens: dict, diffs: torch.Tensor) -> None:
+        """`_old_logprobs` for source `name`: fills its rows of `old_mean`, its `old_tokens` / `ref_tokens` and
+        its row of `diffs`."""
+        agent = self.agents[name]
+        old_tokens[name] = torch.zeros(view.input_ids.shape)                            # [B, T]
+        if name in self.references:
+            ref_tokens[name] = torch.zeros(view.input_ids.shape)
+        pieces = plan.micro_batches_where(view.is_own, self.settings.micro_batch_size)
+        for micro_batch in micro_batches(pieces, stand_in=torch.nonzero(view.is_own).flatten()[:1]):
+            batch_rows = micro_batch.rows
+            micro = view.select(batch_rows).to(self.device)
+            logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
+            ref = None
+            if name in self.references:
+                ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask,
+                                                           temperature=agent.cfg.temperature)
+            if not micro_batch.counts:  # a forward all the same: FSDP's collectives
+                continue
+            old_tokens[name][batch_rows, : logp.shape[1]] = logp.float().cpu()
+            known = micro.loss_mask & torch.isfinite(micro.engine_logp)                # [b, T]
+            if bool(known.any()):  # the engine reported its log-probs (vLLM): |engine - trainer| per token
+                diff = (logp.float() - micro.engine_logp.float())[known].abs().double().cpu()
+                k = self.names.index(name)
+                diffs[k, 0] += diff.sum()
+                diffs[k, 1] += diff.numel()
+                diffs[k, 2] = max(diffs[k, 2], diff.max())
+            old_mean[view.row_idx[batch_rows]] = sequence_mean_logp(logp, micro.loss_mask).float().cpu()
+            if ref is not None:
+                ref_tokens[name][batch_rows, : ref.shape[1]] = ref.float().cpu()
 
     def _mismatch_metrics(self, diffs: torch.Tensor) -> dict[str, float]:
         """Rollout/trainer mismatch per agent over the step's sampled tokens, all ranks: mean and max of

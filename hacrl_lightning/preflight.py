@@ -338,7 +338,11 @@ def _task_sample(data: DataConfig, problems: List[Problem]) -> tuple[list[str], 
         splits = load_task(data)
     except (KeyError, ValueError, OSError, BenchmarkLoadError) as err:
         message = err.args[0] if err.args else type(err).__name__
-        problems.append(Problem("data", data.name, "a task that loads", str(message)))
+        path = getattr(err, "path", None)  # a DataFormatError names its file: the key that gave it
+        key = next((k for k, files in (("data.train_files", data.train_files), ("data.eval_files", data.eval_files))
+                    if path is not None and path in map(str, files)), "data")
+        problems.append(Problem(key, path if key != "data" else data.name,
+                                "a data file that loads" if key != "data" else "a task that loads", str(message)))
         return [], []
     examples = [ex for split in splits for ex in list(split)[:SAMPLE_PROMPTS]]
     return [ex.prompt for ex in examples], [format_answer(ex.gold) for ex in examples]
@@ -356,7 +360,16 @@ def _local_dir_problem(key: str, source: str, *, need_config: bool) -> Optional[
     if need_config and not (path / "config.json").is_file():
         return Problem(key, source, "a model directory holding config.json and the weights",
                        "point it at the model's directory, not at a parent or a tokenizer-only one")
+    if not need_config and not any((path / name).is_file() for name in TOKENIZER_VOCAB_FILES):
+        return Problem(key, source, f"a directory holding a tokenizer (one of {list(TOKENIZER_VOCAB_FILES)})",
+                       f"{path} has no tokenizer files: copy them from where the model came from (they are "
+                       "saved beside its config.json), or point the agent's tokenizer at a directory or hub id "
+                       "holding them")
     return None
+
+
+TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
+"""A directory holds a tokenizer when it has one of these (its vocabulary)."""
 
 
 def _resolve(name: str, key: str, source: str, zoo_cache: Any, problems: List[Problem]) -> Optional[str]:

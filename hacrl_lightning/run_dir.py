@@ -100,7 +100,12 @@ def lock_directory(path: Path, *, key: str, what: str) -> IO:
     """Take `<path>/.lock` (an existing directory) for this process: an advisory `flock` the operating system
     drops when the process dies. Raises ConfigError naming `key`, the directory and the holder (its pid, since
     when, and which script) when another process holds it; `what` words the holder in the message."""
-    lock = open(path / LOCK_NAME, "a+")
+    try:
+        lock = open(path / LOCK_NAME, "a+")
+    except OSError as err:  # a read-only directory, or something else under the lock's name
+        raise ConfigError([Problem(key, str(path), "a directory this user can write",
+                                   f"cannot open {path / LOCK_NAME} ({err.strerror}): make the directory writable, "
+                                   f"or choose another {key}")]) from None
     try:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -1,4 +1,4 @@
-"""Reading checkpoints that someone else may have written, without running their code.
+"""Reading files that someone else may have written (checkpoints, YAML) without running their code.
 
 A `.ckpt` file is a pickle, and unpickling can call any function the file names: `torch.load(...,
 weights_only=False)` on a hostile checkpoint runs its program. Every read of a checkpoint in the project goes
@@ -7,9 +7,11 @@ containers only; the project's own checkpoints hold nothing else, and Lightning'
 reads them the same way), and `check_distributed_checkpoint` reads the one pickle of an FSDP2 checkpoint
 directory that torch itself reads with a plain `pickle.load` (`.metadata`) with an unpickler that knows only
 the classes torch writes there, before anything else opens it. A refused file raises `UnsafeCheckpoint`,
-naming the file, what it tried to load and the fix.
+naming the file, what it tried to load and the fix. `read_yaml` reads an agent, data or run config file as
+plain values (OmegaConf's safe loader: a `!!python` tag is refused) and turns a syntax error, a tag or a
+file that is not UTF-8 into one `ConfigError` line naming the file, line and column.
 Deliberately not here: which checkpoint to read (`callbacks/checkpoint.py`) and model folders (the agents'
-`trust_remote_code` rule, `docs/reliability.md#trust`).
+`trust_remote_code` rule, `docs/reliability.md §10`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import torch
+from hacrl_lightning.errors import ConfigError, Problem
 
-__all__ = ["UnsafeCheckpoint", "check_distributed_checkpoint", "load_checkpoint_file"]
+__all__ = ["UnsafeCheckpoint", "check_distributed_checkpoint", "load_checkpoint_file", "read_yaml"]
 
 
 class UnsafeCheckpoint(ValueError):
@@ -42,6 +44,8 @@ class UnsafeCheckpoint(ValueError):
 def load_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Any]:
     """`torch.load` of a checkpoint file with `weights_only=True`, on the CPU; `UnsafeCheckpoint` when the file
     asks for anything else (other errors, a truncated file say, pass through)."""
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -61,6 +65,8 @@ _METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), 
 
 def _torch_constant(module: str, name: str) -> bool:
     """A dtype, layout or memory format of torch (`torch.float32`, `torch.strided`, `torch.contiguous_format`)."""
+    import torch
+
     value = getattr(torch, name, None) if module == "torch" else None
     return isinstance(value, (torch.dtype, torch.layout, torch.memory_format))
 
@@ -90,3 +96,27 @@ def check_distributed_checkpoint(directory: str | os.PathLike) -> None:
     extra = Path(directory) / "meta.pt"  # Lightning's non-tensor state beside the shards
     if extra.is_file():
         load_checkpoint_file(extra)
+
+
+def read_yaml(path: str | os.PathLike, *, key: str):
+    """The DictConfig (or ListConfig) of a YAML file, read as plain values. A file that does not parse, holds a
+    tag such as `!!python/object` (which would build objects) or is not UTF-8 raises `ConfigError` with one
+    problem under `key`, naming the file, the line and column, and the fix."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    path = Path(path)
+    try:
+        return OmegaConf.load(path)
+    except UnicodeDecodeError as err:
+        raise ConfigError([Problem(key, str(path), "a UTF-8 text file", f"byte {err.start} is not UTF-8 "
+                                   f"({err.reason}): save {path.name} as UTF-8")]) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "the file"
+        problem = str(getattr(err, "problem", None) or err).splitlines()[0]
+        tag = "python/" in str(err)
+        allowed = ("plain YAML values (a !!python tag would build Python objects; it is never read)" if tag
+                   else "a YAML file that parses")
+        raise ConfigError([Problem(key, str(path), allowed, f"{path.name} {where}: {problem}; "
+                                   + ("remove the tag" if tag else "fix the YAML there"))]) from None

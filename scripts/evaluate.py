@@ -20,16 +20,22 @@ a note when the run is still training; an export cut short is refused with how t
 
 from __future__ import annotations
 
+import shutil
 import sys
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
-from omegaconf import OmegaConf
+if __name__ == "__main__":  # Ctrl-C anywhere: one line and status 130 (main removes its unfinished outputs)
+    from hacrl_lightning.console import exit_on_interrupt
 
-from hacrl_lightning.cli import compose_evaluate, help_text, parse_cli, save_resolved, wants_help
-from hacrl_lightning.config import AgentConfig
-from hacrl_lightning.errors import ConfigError
+    exit_on_interrupt("evaluate.py: interrupted; no results were written")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from hacrl_lightning.cli import compose_evaluate, help_text, parse_cli, save_resolved, wants_help  # noqa: E402
+from hacrl_lightning.config import AgentConfig  # noqa: E402
+from hacrl_lightning.errors import ConfigError  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -50,9 +56,8 @@ def main(argv: list[str]) -> int:
 
     from hacrl_lightning.agents.sources import AgentLoadError
     from hacrl_lightning.data.benchmarks import BenchmarkLoadError, DataFormatError, get_benchmark, load_benchmark
-    from hacrl_lightning.evaluation import (build_engines, evaluate_agents, format_table, load_eval_agents,
-                                            plan_benchmarks, write_results)
-    from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
+    from hacrl_lightning.evaluation import load_eval_agents, plan_benchmarks
+    from hacrl_lightning.rewards import exclude_unscorable
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     rewards = {name: cfg.reward or get_benchmark(name).reward for name in cfg.benchmarks}  # each its own by default
@@ -77,6 +82,19 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(cfg.output_dir).resolve()  # written once agents and benchmarks are loaded: no half-made dir
+    created = not out.exists()
+    try:
+        return _evaluate(cfg, dcfg, out, agents, sources, checkpoints, benchmarks, plans, rewards, device)
+    except BaseException:  # interrupted or failed before the results: a folder this run made does not stay
+        if created and not (out / "results.md").exists():
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _evaluate(cfg, dcfg, out: Path, agents, sources, checkpoints, benchmarks, plans, rewards, device) -> int:
+    from hacrl_lightning.evaluation import build_engines, evaluate_agents, format_table, write_results
+    from hacrl_lightning.rewards import RewardPool, get_reward
+
     save_resolved(dcfg, out, name="evaluate.yaml")
     for agent in agents.values():
         agent.to(device)

@@ -19,10 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+if __name__ == "__main__":  # Ctrl-C in the first seconds (imports, checks): one line, nothing written
+    from hacrl_lightning.console import exit_on_interrupt
 
-from hacrl_lightning.cli import GROUPS, compose_config, help_text, parse_cli, shell_override, shell_word, wants_help
-from hacrl_lightning.errors import ConfigError, RunFailed
+    exit_on_interrupt("interrupted before training started; nothing was written")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from hacrl_lightning.cli import GROUPS, compose_config, help_text, parse_cli, shell_override, shell_word, wants_help  # noqa: E402
+from hacrl_lightning.errors import ConfigError, RunFailed  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""Files from someone else are data (docs/reliability.md#trust): a checkpoint never runs code when read, a run's
+"""Files from someone else are data (docs/reliability.md §10): a checkpoint never runs code when read, a run's
 saved config never turns on `trust_remote_code`, a prompt never becomes a control token, a float gold keeps its
 written form, and outputs never land outside what the command owns. Each test plants the hostile file and
 checks that nothing ran or was replaced and that the message names the file or key and the fix."""

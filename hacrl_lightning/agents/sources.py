@@ -61,6 +61,12 @@ def hub_fix(repo_id: str, setting: str) -> str:
             f"directory here and point at it: {setting}")
 
 
+try:
+    from safetensors import SafetensorError
+except ImportError:  # pragma: no cover - safetensors is a dependency of transformers
+    SafetensorError = OSError
+
+
 def fetch(loader: Callable[..., Any], source: str, *, agent: str, key: str, **kwargs) -> Any:
     """`loader.from_pretrained(source)`: a local dir directly; a hub id from the local HF cache, or
     from the hub only after a quick probe says it is reachable (no minutes of download retries)."""
@@ -73,9 +79,12 @@ def fetch(loader: Callable[..., Any], source: str, *, agent: str, key: str, **kw
             )
         try:
             return loader(path, **kwargs)
-        except OSError as err:  # e.g. no weights file, or a file cut short
-            raise AgentLoadError(f"agent {agent!r}: {key}={source!r} does not load: {str(err).splitlines()[0]} Fix: "
-                                 f"point {key} at a complete model directory (config.json, tokenizer, weights)") from err
+        except (OSError, ValueError, SafetensorError) as err:  # no weights file, a file cut short, a config that
+            # does not parse
+            raise AgentLoadError(f"agent {agent!r}: {key}={source!r} does not load ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0] if str(err) else ''}). Fix: point {key} at a complete "
+                                 "model directory (config.json, tokenizer, weights); a weights file cut short (a copy "
+                                 "or download that stopped) must be copied again") from None
     try:
         return loader(source, local_files_only=True, **kwargs)
     except OSError:

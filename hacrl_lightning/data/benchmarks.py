@@ -139,7 +139,7 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
         yield from enumerate(_parquet_records(path), start=1)
     elif path.suffix == ".json":
         try:
-            records = json.loads(path.read_text(encoding="utf-8-sig"))  # -sig: a byte-order mark is read past
+            records = json.loads(_utf8(path, path.read_bytes()))
         except json.JSONDecodeError as err:
             raise DataFormatError(path, f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})",
                                   "a .json file must hold one list of objects; use .jsonl for one object a line",
@@ -150,8 +150,9 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
         for row, record in enumerate(records, start=1):
             yield row, _as_record(path, row, record)
     else:
-        with path.open(encoding="utf-8-sig") as handle:
-            for row, line in enumerate(handle, start=1):
+        with path.open("rb") as handle:
+            for row, raw in enumerate(handle, start=1):
+                line = _utf8(path, raw, row=row)
                 if not line.strip():
                     continue
                 try:
@@ -160,6 +161,17 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
                     raise DataFormatError(path, f"line {row} is not valid JSON ({err.msg} at character {err.colno})",
                                           f"make line {row} one JSON object (or delete it)", row=row) from None
                 yield row, _as_record(path, row, record)
+
+
+def _utf8(path: Path, data: bytes, *, row: int | None = None) -> str:
+    """`data` (a whole file, or its line `row`) as text; a byte-order mark is read past. DataFormatError naming
+    the line and the byte when it is not UTF-8."""
+    try:
+        return data.decode("utf-8-sig" if row in (None, 1) else "utf-8")
+    except UnicodeDecodeError as err:
+        line = row if row is not None else data.count(b"\n", 0, err.start) + 1
+        raise DataFormatError(path, f"line {line} is not UTF-8 (byte {data[err.start:err.start + 1]!r}: {err.reason})",
+                              "save the file as UTF-8, e.g. iconv -f latin1 -t utf-8 old > new", row=line) from None
 
 
 def _parquet_records(path: Path) -> list[dict[str, Any]]:
