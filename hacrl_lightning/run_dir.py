@@ -234,3 +234,17 @@ def linked_exports_problem(path: str | os.PathLike, *, export_agents: bool) -> O
                    f"{exports} links to {os.path.realpath(exports)}, and an export replaces same-named folders "
                    "there; nothing was changed: remove the link (its target is kept) and copy the exports where "
                    "you want them after the run, or set trainer.export_agents=false")
+
+
+def live_holder(path: str | os.PathLike) -> Optional[str]:
+    """Who holds the run directory `path`: its `.lock` line (`pid N since ... (train.py)`) when that process is
+    alive, else None. Only reads: taking the lock, even for a moment, could refuse a run starting then."""
+    try:
+        holder = (Path(path) / LOCK_NAME).read_text().strip()
+        words = holder.split()
+        if len(words) > 1 and words[0] == "pid" and words[1].isdigit():
+            os.kill(int(words[1]), 0)
+            return holder
+    except (OSError, ValueError):  # no lock file, or its process is gone (a killed run leaves the file)
+        pass
+    return None

@@ -44,7 +44,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hacrl_lightning import experiments as ex
 from hacrl_lightning.cli import SCRIPTS_DIR, WORK_DIR, compose_config, hydra_value
 from hacrl_lightning.errors import ConfigError, Problem
-from hacrl_lightning.run_dir import is_run_dir, lock_directory, output_dir_problem, unlock_directory
+from hacrl_lightning.run_dir import is_run_dir, live_holder, lock_directory, output_dir_problem, unlock_directory
 
 METHODS = ["grpo", "gspo", "gspo_x2", "naive", "hacpo"]
 ABLATIONS = ["hacpo_no_adv", "hacpo_no_omega", "hacpo_alpha0", "hacpo_no_stepwise", "hacpo_no_clip"]
@@ -300,6 +300,14 @@ def run_all(cfg: CompareConfig, specs: list[ex.RunSpec], training: list[str], ou
         while running or (todo and not stop.signum):
             while todo and len(running) < cfg.jobs and not stop.signum:
                 spec = todo.pop(0)
+                if spec.done:  # finished since the plan was made (another compare.py or train.py): reused, untouched
+                    print(f"  done   {spec.arm.name} seed={spec.seed}: finished meanwhile; reused", flush=True)
+                    continue
+                holder = live_holder(spec.run_dir)
+                if holder:  # started since the plan was made: never touched while its process lives
+                    print(f"  held   {spec.arm.name} seed={spec.seed}: {spec.run_dir} is in use by {holder}; "
+                          "left alone (run compare.py again once it ends)", flush=True)
+                    continue
                 args = command(spec, training)
                 spec.log_path.parent.mkdir(parents=True, exist_ok=True)
                 log = spec.log_path.open("a")
@@ -335,6 +343,11 @@ def main(argv: list[str]) -> int:
         if problem:
             raise ConfigError([problem])
         specs, wanted = check_runs(ex.plan_runs(arms, cfg.seeds, out), training)
+        held = [(spec, holder) for spec in specs if (holder := live_holder(spec.run_dir))]
+        if held:  # another train.py (or compare.py) is running one of these runs: touch none of them
+            raise ConfigError([Problem("out", str(out), "runs no other process is using",
+                                       f"{spec.run_dir} is in use by {holder}; wait for it to end (or stop it), "
+                                       "then run this command again") for spec, holder in held])
         out.mkdir(parents=True, exist_ok=True)
         lock = lock_directory(out, key="out", what="comparison")  # one compare.py per output directory
         (out / MARKER).write_text("A scripts/compare.py output directory: re-running compare.py with this out= "

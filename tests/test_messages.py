@@ -180,3 +180,16 @@ def test_running_out_of_memory_in_training_names_the_setting_and_no_phantom_chec
     assert "agent 'tiny_qwen3': its forward pass scoring its responses (old log-probs) in training step 1 failed " \
            "(RuntimeError" in line and "lower trainer.micro_batch_size (now 16)" in line
     assert "lr=" not in line and "No checkpoint was written yet" in line
+
+
+def test_compare_names_a_run_held_by_another_process_and_touches_nothing(tmp_path, script_main, capsys):
+    out = tmp_path / "cmp"
+    run = out / "runs" / "hacpo" / "seed0"
+    run.mkdir(parents=True)
+    (out / ".hacrl_compare").write_text("")
+    (run / "summary.json").write_text('{"status": "interrupted"}')
+    (run / ".lock").write_text(f"pid {os.getpid()} since 2026-11-26 12:00:00 (train.py)\n")  # a live holder: us
+    assert script_main("compare")(["methods=[hacpo]", "seeds=[0]", f"out={out}", "trainer.steps=2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run} is in use by pid {os.getpid()} since 2026-11-26 12:00:00 (train.py)" in err
+    assert (run / "summary.json").read_text() == '{"status": "interrupted"}'  # not deleted, not re-run
