@@ -11,7 +11,7 @@ the KV cache of one generation chunk). `fixes(...)` ranks the changes that would
 
 Offline: a hub preset's architecture ships beside the presets (`agents/arch/<hub id>.json`), a local
 model directory and a zoo agent are read from their own config.json (`architecture_of`).
-`scripts/plan.py` prints the plan; `preflight.memory_problems` refuses a GPU run that cannot fit.
+`scripts/plan.py` prints the plan; `memory_problems` (through `preflight.memory_plan_problems`) refuses a GPU run that cannot fit.
 
 Which figures are exact and which are estimates (docs/PERFORMANCE.md, "Memory plan"): parameter
 counts and training-state bytes are exact (tested against the zoo's models after a real step); the

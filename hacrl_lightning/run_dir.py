@@ -16,7 +16,7 @@ compare.py's `out`): a new or empty folder, or one of theirs, else `overwrite=tr
 Only rank zero claims: under data parallelism the other ranks (which Lightning re-launches, or a
 cluster launcher starts beside it) write into the directory rank zero holds. Deliberately not here:
 what is written into the directory (training, callbacks) and the config comparison of a resume
-(`preflight.resume_problems`).
+(`resume.resume_changes`).
 """
 
 from __future__ import annotations

@@ -193,3 +193,186 @@ def test_every_algorithm_setting_has_a_docstring():
                                                and isinstance(body[i + 1].value, ast.Constant)
                                                and isinstance(body[i + 1].value.value, str))]
     assert len(fields) >= 25 and not bare, f"AlgorithmConfig fields without a docstring: {bare}"
+
+
+# ---- backticked names that say what the code has
+
+
+NAME = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?`")
+"""A backticked dotted name (`preflight.check_run`, `HACRLModule.update_learner`, `callbacks.checkpoint.damage`)."""
+FILE_SUFFIXES = {"py", "md", "yaml", "yml", "json", "jsonl", "parquet", "txt", "csv", "ckpt", "pt", "log", "png", "sh",
+                 "safetensors", "toml", "cfg", "tmp", "partial", "damaged", "old", "lock", "jinja", "whl", "distcp",
+                 "metadata", "gz", "bin", "so", "html", "gguf", "zip"}
+
+
+def _attributes(node: ast.ClassDef) -> set[str]:
+    """Names a class defines: methods, class-level assignments and fields, and `self.<name> = ...` in its methods."""
+    names = set()
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            names.add(item.target.id)
+        elif isinstance(item, ast.Assign):
+            names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+    for sub in ast.walk(node):
+        targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] if isinstance(sub, (ast.AnnAssign,
+                                                                                                 ast.AugAssign)) else []
+        names |= {t.attr for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                  and t.value.id == "self"}
+    return names
+
+
+@lru_cache(maxsize=None)
+def package_index(root: Path = REPO) -> tuple[dict[str, dict], dict[str, list[tuple[str, set[str], list[str]]]]]:
+    """(dotted module path -> {name: class attributes or None}, class name -> [(module, attributes, bases)]),
+    read by ast from hacrl_lightning/ and scripts/."""
+    modules: dict[str, dict] = {}
+    classes: dict[str, list] = {}
+    for folder in ("hacrl_lightning", "scripts"):
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            dotted = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            tree = ast.parse(path.read_text())
+            names: dict[str, set | None] = {}
+            for node in tree.body:
+                if isinstance(node, ast.ClassDef):
+                    attributes = _attributes(node)
+                    names[node.name] = attributes
+                    classes.setdefault(node.name, []).append((dotted, attributes,
+                                                              [ast.unparse(b) for b in node.bases]))
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names[node.name] = None
+                elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                        names.update({t.id: None for t in ast.walk(target) if isinstance(t, ast.Name)})
+                elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                    names.update({(a.asname or a.name).split(".")[0]: None for a in node.names})
+                elif isinstance(node, (ast.If, ast.Try)):  # names bound under a guard
+                    for sub in ast.walk(node):
+                        if isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                            names[sub.name] = None
+                        elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                            names.update({(a.asname or a.name).split(".")[0]: None for a in sub.names})
+                        elif isinstance(sub, ast.Assign):
+                            names.update({t.id: None for t in sub.targets if isinstance(t, ast.Name)})
+            modules[dotted] = names
+            if dotted.startswith("hacrl_lightning."):
+                modules.setdefault(dotted.removeprefix("hacrl_lightning."), names)
+    return modules, classes
+
+
+def _class_has(name: str, attribute: str, root: Path, seen: frozenset = frozenset()) -> bool | None:
+    """Whether a package class `name` (or a package base of it) defines `attribute`; where a base outside the
+    package (Lightning's, torch's) could, the class itself is imported and asked (None: it cannot be)."""
+    found = _class_has_by_ast(name, attribute, root, seen)
+    if found is not None or root != REPO:
+        return found
+    import importlib
+
+    for module, _, _ in package_index(root)[1].get(name, []):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except Exception:  # noqa: BLE001 - a module that needs what this machine lacks (vLLM)
+            return None
+        if hasattr(cls, attribute):
+            return True
+    return False
+
+
+def _class_has_by_ast(name: str, attribute: str, root: Path, seen: frozenset = frozenset()) -> bool | None:
+    _, classes = package_index(root)
+    outside = False
+    for _, attributes, bases in classes.get(name, []):
+        if attribute in attributes:
+            return True
+        for base in bases:
+            short = base.split(".")[-1]
+            if short in classes and short not in seen:
+                found = _class_has_by_ast(short, attribute, root, seen | {name})
+                if found:
+                    return True
+                outside = outside or found is None
+            elif short not in ("object", "Protocol", "Exception", "ValueError", "RuntimeError", "BaseException",
+                               "NamedTuple", "Enum", "str", "dict", "list", "tuple", "LookupError", "KeyError",
+                               "OSError", "Generic"):
+                outside = True
+    return None if outside else False
+
+
+def _config_key(parts: list[str]) -> bool:
+    """`data.eval_size`, `agents.tiny_a.lr`, `trainer.steps`: a key of the training config (`agents.<any key>`)."""
+    from dataclasses import is_dataclass
+    from typing import get_type_hints
+
+    from hacrl_lightning.config import AgentConfig, TrainConfig
+
+    node, rest = TrainConfig, list(parts)
+    while rest and is_dataclass(node):
+        hints = get_type_hints(node)
+        if rest[0] not in hints:
+            return False
+        name = rest.pop(0)
+        if name == "agents":
+            if len(rest) <= 1:
+                return True
+            node, rest = AgentConfig, rest[1:]
+        else:
+            node = hints[name]
+    return not rest or not is_dataclass(node) and getattr(node, "__origin__", None) is dict
+
+
+def name_problem(dotted: str, root: Path = REPO) -> str | None:
+    """Why a backticked `dotted` name that points into the package does not exist there (None: it does, or it
+    is not the package's: `torch.load`, `cfg.trainer`, `config.yaml`)."""
+    parts = dotted.split(".")
+    if parts[-1] in FILE_SUFFIXES:
+        return None
+    modules, classes = package_index(root)
+    if _config_key(parts):
+        return None
+    parts = parts[1:] if parts[0] == "hacrl_lightning" and len(parts) > 1 else parts
+    for cut in range(len(parts) - 1, 0, -1):  # the longest prefix that names a module
+        module = ".".join(parts[:cut])
+        if module in modules:
+            rest = parts[cut:]
+            if rest[0] not in modules[module]:
+                sub = f"{module}.{rest[0]}"
+                return None if sub in modules else f"{module} has no {rest[0]}"
+            attributes = modules[module][rest[0]]
+            if len(rest) > 1 and attributes is not None and rest[1] not in attributes and \
+                    _class_has(rest[0], rest[1], root) is False:
+                return f"{module}.{rest[0]} has no {rest[1]}"
+            return None
+    if parts[0] in classes and len(parts) > 1 and _class_has(parts[0], parts[1], root) is False:
+        return f"class {parts[0]} has no {parts[1]}"
+    return None
+
+
+def dead_names(root: Path = REPO) -> list[str]:
+    problems = []
+    for path in scanned_files(root):
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for match in NAME.finditer(line):
+                why = name_problem(match.group(1), root)
+                if why:
+                    problems.append(f"{path.relative_to(root)}:{number}: `{match.group(1)}`: {why}")
+    return problems
+
+
+def test_every_backticked_name_of_the_package_exists():
+    problems = dead_names()
+    assert not problems, f"{len(problems)} backticked names the code does not have:\n" + "\n".join(problems)
+
+
+def test_the_name_checker_finds_a_planted_dead_name(tmp_path):
+    package = tmp_path / "hacrl_lightning"
+    package.mkdir()
+    (tmp_path / "scripts").mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "preflight.py").write_text("def check_run():\n    pass\n\n\nclass Holder:\n    def __init__(self):\n"
+                                          "        self.kept = 1\n\n    def lower(self):\n        pass\n")
+    (tmp_path / "doc.md").write_text("`preflight.check_run`, `Holder.lower`, `Holder.kept`, `config.yaml`, "
+                                     "`torch.load`\n`preflight.resume_problems` and `Holder._update_learner`\n")
+    assert dead_names(tmp_path) == ["doc.md:2: `preflight.resume_problems`: preflight has no resume_problems",
+                                    "doc.md:2: `Holder._update_learner`: class Holder has no _update_learner"]

@@ -26,15 +26,21 @@ from hacrl_lightning.callbacks.capability import CapabilityCallback
 from hacrl_lightning.callbacks.checkpoint import StepCheckpoint, latest_checkpoint
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
 from hacrl_lightning.callbacks.evaluation import HeldOutEvalCallback
+from hacrl_lightning.callbacks.hparams import ConfigHParams
+from hacrl_lightning.callbacks.interrupt import StopOnSignal
+from hacrl_lightning.callbacks.progress import PlainProgress
 from hacrl_lightning.callbacks.timing import StepTimer
 from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
 
 __all__ = [
     "CapabilityCallback",
+    "ConfigHParams",
     "HeldOutEvalCallback",
+    "PlainProgress",
     "StepCheckpoint",
     "StepTimer",
     "StepwiseClipCallback",
+    "StopOnSignal",
     "WeightSyncCallback",
     "latest_checkpoint",
 ]

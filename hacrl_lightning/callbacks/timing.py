@@ -7,7 +7,7 @@ from `on_train_batch_start` to the *start* of the evaluation would need ordering
 instead this callback is placed before the evaluation callback and stops its clock at
 `on_train_batch_end`, which Lightning calls on callbacks in list order. Its state is checkpointed,
 so the totals survive a resume. Deliberately not here: per-phase timings (the module logs
-`time/*` per step) and evaluation time (`HeldOutEvalCallback.eval_s`).
+`time/*` per step) and evaluation time (not measured: the run clock includes it).
 """
 
 from __future__ import annotations
