@@ -375,10 +375,23 @@ def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
     """The composed (unvalidated) training DictConfig; raises ConfigError for override and composition problems."""
     register_schema()
     overrides, problems = register_agent_files(overrides)
-    problems += check_overrides(overrides)
-    if problems:
-        raise ConfigError(problems)
-    return _compose(CONFIG_DIR, "train", overrides)
+    try:
+        problems += check_overrides(overrides)
+        if problems:
+            raise ConfigError(problems)
+        return _compose(CONFIG_DIR, "train", overrides)
+    finally:  # a user's agent files serve this composition only (an `agents` group would turn evaluate.py's
+        forget_agent_files()  # `agents=[...]` list into a group choice in the same process)
+
+
+def forget_agent_files() -> None:
+    """Remove the agent files `register_agent_files` stored in Hydra's ConfigStore."""
+    group = ConfigStore.instance().repo.get("agents", {})
+    for name in list(_AGENT_FILES):
+        group.pop(f"{name}.yaml", None)
+        _AGENT_FILES.pop(name)
+    if "agents" in ConfigStore.instance().repo and not group:
+        del ConfigStore.instance().repo["agents"]
 
 
 def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -52,7 +52,7 @@ def preflight_refusal(tmp_path, problem: str) -> list:
 def test_preflight_refuses_a_megabyte_prompt_naming_file_row_and_length(tmp_path):
     path = tmp_path / "math.jsonl"
     [problem] = preflight_refusal(tmp_path, HUGE)  # said once, for the file: not once per agent
-    assert problem.key == "data"
+    assert problem.key == "data.train_files" and problem.value == str(path)  # the key that gave the file
     assert f"{path}, row 2, column 'problem'" in problem.fix and f"{len(HUGE.strip()):,} characters" in problem.fix
     assert "shorten row 2 or drop it" in problem.fix and "max_prompt_len" in problem.fix
 
