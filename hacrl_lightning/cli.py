@@ -37,6 +37,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+import yaml
 
 import hacrl_lightning.config as schema
 from hacrl_lightning.config import AgentConfig, EvaluateConfig, TrainConfig
@@ -46,7 +47,7 @@ from hacrl_lightning.preflight import check_evaluate, check_run, pure_problems, 
 from hacrl_lightning.presets import composition_problems, resolve_algorithm
 from hacrl_lightning import run_dir as run_dir_module
 from hacrl_lightning.run_dir import resume_run_dir
-from hacrl_lightning.safe_load import read_yaml
+from hacrl_lightning.safe_load import read_yaml, yaml_problem
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
@@ -369,6 +370,8 @@ def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> Di
             return compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError([_problem_from_exception(err)]) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:  # a config file of the user's (hydra.searchpath)
+        raise ConfigError([yaml_problem(err, key="config")]) from None
 
 
 def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:

@@ -25,7 +25,7 @@ from typing import Any
 
 from hacrl_lightning.errors import ConfigError, Problem
 
-__all__ = ["UnsafeCheckpoint", "check_distributed_checkpoint", "load_checkpoint_file", "read_yaml"]
+__all__ = ["UnsafeCheckpoint", "check_distributed_checkpoint", "load_checkpoint_file", "read_yaml", "yaml_problem"]
 
 
 class UnsafeCheckpoint(ValueError):
@@ -108,15 +108,22 @@ def read_yaml(path: str | os.PathLike, *, key: str):
     path = Path(path)
     try:
         return OmegaConf.load(path)
-    except UnicodeDecodeError as err:
-        raise ConfigError([Problem(key, str(path), "a UTF-8 text file", f"byte {err.start} is not UTF-8 "
-                                   f"({err.reason}): save {path.name} as UTF-8")]) from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "the file"
-        problem = str(getattr(err, "problem", None) or err).splitlines()[0]
-        tag = "python/" in str(err)
-        allowed = ("plain YAML values (a !!python tag would build Python objects; it is never read)" if tag
-                   else "a YAML file that parses")
-        raise ConfigError([Problem(key, str(path), allowed, f"{path.name} {where}: {problem}; "
-                                   + ("remove the tag" if tag else "fix the YAML there"))]) from None
+    except (UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ConfigError([yaml_problem(err, key=key, path=path)]) from None
+
+
+def yaml_problem(err: Exception, *, key: str, path: str | os.PathLike | None = None) -> Problem:
+    """The one-line Problem of a YAML file that does not parse, holds a `!!python` tag or is not UTF-8 (`err`:
+    yaml's error, whose mark names the file when `path` is not given, or a UnicodeDecodeError)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    path = Path(path if path is not None else getattr(mark, "name", "") or "<yaml>")
+    if isinstance(err, UnicodeDecodeError):
+        return Problem(key, str(path), "a UTF-8 text file",
+                       f"byte {err.start} is not UTF-8 ({err.reason}): save {path.name} as UTF-8")
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "the file"
+    problem = str(getattr(err, "problem", None) or err).splitlines()[0]
+    tag = "python/" in str(err)
+    allowed = ("plain YAML values (a !!python tag would build Python objects; it is never read)" if tag
+               else "a YAML file that parses")
+    return Problem(key, str(path), allowed, f"{path.name} {where}: {problem}; "
+                   + ("remove the tag" if tag else "fix the YAML there"))

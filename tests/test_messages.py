@@ -193,3 +193,14 @@ def test_compare_names_a_run_held_by_another_process_and_touches_nothing(tmp_pat
     err = capsys.readouterr().err
     assert f"{run} is in use by pid {os.getpid()} since 2026-11-26 12:00:00 (train.py)" in err
     assert (run / "summary.json").read_text() == '{"status": "interrupted"}'  # not deleted, not re-run
+
+
+@pytest.mark.parametrize("text, says", [
+    ("name: math\ntrain_files: [/x.jsonl\n", "allowed: a YAML file that parses; fix: mine.yaml line 3, column 1"),
+    ("name: !!python/object/apply:os.system ['true']\n", "allowed: plain YAML values (a !!python tag would build"),
+])
+def test_a_data_config_of_ones_own_that_does_not_parse_or_holds_a_python_tag(tmp_path, text, says):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mine.yaml").write_text(text)
+    message = refused([f"hydra.searchpath=[file://{tmp_path}]", "data=mine"])
+    assert f"config: got '{tmp_path / 'data' / 'mine.yaml'}'" in message and says in message
