@@ -75,4 +75,5 @@ def exit_on_interrupt(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGINT, handler)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored at start (`cmd &` in a script): stays so
+        signal.signal(signal.SIGINT, handler)

@@ -215,7 +215,8 @@ class RolloutDataModule(pl.LightningDataModule):
                 if not is_out_of_memory(err):
                     raise
                 raise generation_failed(name, step, err, self.rollout_cfg.generation_batch_size,
-                                        agent.max_response_len, str(self.engine_dir.parent)) from err
+                                        agent.max_response_len, str(self.engine_dir.parent),
+                                        backend=self.rollout_cfg.backend) from err
         return out
 
     def rollout(self, examples: Sequence[Example], *, step: int) -> StepBatch:

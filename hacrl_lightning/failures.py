@@ -40,11 +40,12 @@ class GenerationFailed(RunFailed):
 
 
 def generation_failed(name: str, step: int, err: BaseException, generation_batch_size: int, max_response_len: int,
-                      run_dir: str) -> GenerationFailed:
+                      run_dir: str, *, backend: str = "hf") -> GenerationFailed:
     """The `GenerationFailed` for an out-of-memory `err` raised while agent `name` generated in step `step`."""
     first = (str(err).strip().splitlines() or [""])[0]
     return GenerationFailed(
         f"agent {name!r}: generating the responses of training step {step + 1} ran out of memory "
         f"({type(err).__name__}: {first}). Fix: lower rollout.generation_batch_size (now {generation_batch_size}: "
-        f"sequences generated at once) or agents.{name}.max_response_len (now {max_response_len}), or use "
-        f"rollout=vllm on a GPU. {checkpoints_note(run_dir)}")
+        f"sequences generated at once) or agents.{name}.max_response_len (now {max_response_len})"
+        + (", or use rollout=vllm on a GPU" if backend == "hf" else f", or agents.{name}.gpu_memory_utilization")
+        + f". {checkpoints_note(run_dir)}")

@@ -153,12 +153,24 @@ def validate_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
     return cfg
 
 
+EVALUATION_FILES = ("evaluate.yaml", "results.json", "results.md", "engine_dirs")
+"""What scripts/evaluate.py writes into its output_dir."""
+
+
+def evaluation_folder(path: str) -> bool:
+    """`path` holds an earlier evaluation and nothing else (its files are replaced by a new one there)."""
+    folder = Path(path).expanduser()
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    return "evaluate.yaml" in names and names <= set(EVALUATION_FILES)
+
+
 def check_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
     """`validate_evaluate` plus what this machine must have: the device, vLLM, and every hub model and
     benchmark it names, in the local cache or reachable (all at once); what `scripts/evaluate.py`
     runs before it writes or loads anything."""
     problems = evaluate_problems(cfg) + evaluate_name_problems(cfg)
     output = output_dir_problem(cfg.output_dir, key="output_dir", overwrite=cfg.overwrite,
+                                owned=evaluation_folder(cfg.output_dir),
                                 writes="evaluate.yaml, results.json and results.md")
     problems += [output] if output else []
     seen = {p.key for p in problems}

@@ -82,7 +82,10 @@ class RunDir:
 def run_dir_of(checkpoint: str | os.PathLike) -> Path:
     """The run directory a checkpoint belongs to (`<run>/checkpoints/step_*.ckpt` -> `<run>`), found by the
     path's names before any link is followed: a `checkpoints/` that links to another disk is still the run's."""
-    parent = Path(os.path.abspath(Path(checkpoint).expanduser())).parent
+    path = Path(os.path.abspath(Path(checkpoint).expanduser()))
+    if path.is_symlink():  # a link to a checkpoint (`best.ckpt`): the run is where the file is
+        path = path.resolve()
+    parent = path.parent
     return (parent.parent if parent.name == "checkpoints" else parent).resolve()
 
 
@@ -243,7 +246,10 @@ def live_holder(path: str | os.PathLike) -> Optional[str]:
         holder = (Path(path) / LOCK_NAME).read_text().strip()
         words = holder.split()
         if len(words) > 1 and words[0] == "pid" and words[1].isdigit():
-            os.kill(int(words[1]), 0)
+            try:
+                os.kill(int(words[1]), 0)
+            except PermissionError:  # alive, another user's
+                pass
             return holder
     except (OSError, ValueError):  # no lock file, or its process is gone (a killed run leaves the file)
         pass

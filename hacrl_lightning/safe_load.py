@@ -41,61 +41,120 @@ class UnsafeCheckpoint(ValueError):
         self.path = Path(path)
 
 
-def load_checkpoint_file(path: str | os.PathLike, *, mmap: bool = False) -> dict[str, Any]:
-    """`torch.load` of a checkpoint file with `weights_only=True`, on the CPU; `UnsafeCheckpoint` when the file
-    asks for anything else (other errors, a truncated file say, pass through)."""
+REFUSED = re.compile(r"(?:Unsupported|unsupported) (?:global|GLOBAL)[: ]*(?:GLOBAL )?([\w.]+)|GLOBAL ([\w.]+)")
+"""How torch's weights-only unpickler says a file named a global it will not build (`Unsupported global: GLOBAL
+posix.system`, `Trying to load unsupported GLOBAL posix.system`): the file would run code. Other errors of
+the same kind (a file cut short) are damage, not danger."""
+
+
+def load_checkpoint_file(path: str | os.PathLike | io.BytesIO, *, mmap: bool = False, name: str | None = None
+                         ) -> dict[str, Any]:
+    """`torch.load` of a checkpoint file (or bytes) with `weights_only=True`, on the CPU; `UnsafeCheckpoint` when
+    it names a global torch will not build (other errors, a file cut short say, pass through)."""
     import torch
 
     try:
         return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
     except pickle.UnpicklingError as err:
-        if "weights only load failed" not in str(err).lower() and "weights_only" not in str(err):
+        named = REFUSED.search(str(err))
+        if named is None:
             raise
-        named = re.search(r"GLOBAL ([\w.]+)", str(err))
-        raise UnsafeCheckpoint(path, f"a reference to {named.group(1)}" if named else "Python objects") from None
+        raise UnsafeCheckpoint(name or path, f"a reference to {named.group(1) or named.group(2)}") from None
 
 
-_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                     "torch.distributed.checkpoint.storage", "torch.distributed.checkpoint._extension")
-_METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-                     ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
-                     ("pathlib", "PureWindowsPath"), ("builtins", "set"), ("builtins", "frozenset"),
-                     ("builtins", "slice"), ("builtins", "complex")}
+_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "TensorStorageMetadata",
+                                              "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+                                              "StorageMeta", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo", "_StoragePrefix", "SerializationFormat"},
+    "torch.distributed.checkpoint.storage": {"WriteResult"},
+    "torch": {"Size"},
+    "torch.serialization": {"_get_layout"},
+    "collections": {"OrderedDict"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "builtins": {"set", "frozenset", "slice", "complex"},
+}
+"""Exactly what `torch.distributed.checkpoint` writes into `.metadata`: its own dataclasses and enums, torch's
+sizes, dtypes, layouts and memory formats, paths and plain containers. Names are matched whole: a dotted name
+(`metadata` + `os.system`, which pickle would follow through the module's own imports) never matches."""
 
 
 def _torch_constant(module: str, name: str) -> bool:
     """A dtype, layout or memory format of torch (`torch.float32`, `torch.strided`, `torch.contiguous_format`)."""
     import torch
 
-    value = getattr(torch, name, None) if module == "torch" else None
+    value = getattr(torch, name, None) if module == "torch" and "." not in name else None
     return isinstance(value, (torch.dtype, torch.layout, torch.memory_format))
 
 
+class _Refused(pickle.UnpicklingError):
+    """A global outside `_METADATA_CLASSES` (the only error that means the file would run code)."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
-    """Knows only what `torch.distributed.checkpoint` writes into `.metadata`: its own dataclasses, torch's
-    sizes, dtypes and layouts, paths and plain containers."""
+    """Knows only `_METADATA_CLASSES` and torch's constants."""
 
     def find_class(self, module: str, name: str):
-        if (module in _METADATA_MODULES and not name.startswith("__")) or (module, name) in _METADATA_GLOBALS \
-                or _torch_constant(module, name):
+        if name in _METADATA_CLASSES.get(module, ()) or _torch_constant(module, name):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name}")
+        raise _Refused(f"{module}.{name}")
 
 
 def check_distributed_checkpoint(directory: str | os.PathLike) -> None:
-    """Read `directory/.metadata` (an FSDP2 checkpoint's index, a pickle that torch reads with `pickle.load`)
-    with `_MetadataUnpickler`; `UnsafeCheckpoint` naming the file when it names anything else. A directory
-    without one is left to the reader's own error."""
-    path = Path(directory) / ".metadata"
+    """Check an FSDP2 checkpoint directory before torch reads it: its index (`.metadata`, which torch reads
+    with a plain `pickle.load`) with `_MetadataUnpickler`, then every non-tensor item the index lists (torch
+    reads those with `torch.load(weights_only=False)`) with `weights_only=True`, each within the directory.
+    `UnsafeCheckpoint` naming the file when one asks for anything else; a file cut short or missing is left
+    to the reader's own error (damage, not danger). A directory without an index: the reader's error too."""
+    directory = Path(directory)
+    path = directory / ".metadata"
     if not path.is_file():
         return
     try:
-        _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-    except pickle.UnpicklingError as err:
+        metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+    except _Refused as err:
         raise UnsafeCheckpoint(path, f"a reference to {err}") from None
-    extra = Path(directory) / "meta.pt"  # Lightning's non-tensor state beside the shards
+    except Exception:  # noqa: BLE001 - a cut-short or garbled index is damage: the reader words it
+        return
+    _check_byte_items(directory, metadata)
+    extra = directory / "meta.pt"  # Lightning's non-tensor state beside the shards
     if extra.is_file():
         load_checkpoint_file(extra)
+
+
+def _check_byte_items(directory: Path, metadata: Any) -> None:
+    """Every `BytesStorageMetadata` item of the index: its bytes inside the directory, read with
+    `weights_only=True`."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    items = getattr(metadata, "state_dict_metadata", {}) or {}
+    storage = getattr(metadata, "storage_data", {}) or {}
+    root = directory.resolve()
+    for index, info in storage.items():
+        if not isinstance(items.get(getattr(index, "fqn", None)), BytesStorageMetadata):
+            continue
+        shard = (directory / str(info.relative_path)).resolve()
+        if root not in shard.parents:
+            raise UnsafeCheckpoint(directory / ".metadata", f"a shard outside the checkpoint ({info.relative_path})")
+        if getattr(info, "transform_descriptors", None):
+            raise UnsafeCheckpoint(shard, f"item {index.fqn} stored through {info.transform_descriptors}, which "
+                                   "cannot be checked before it is read")
+        try:
+            with open(shard, "rb") as handle:
+                handle.seek(info.offset)
+                data = handle.read(info.length)
+        except OSError:
+            return  # a missing shard is damage: the reader words it
+        if len(data) < info.length:
+            return
+        name = f"{shard} (item {index.fqn})"
+        try:
+            load_checkpoint_file(io.BytesIO(data), name=name)
+        except UnsafeCheckpoint:
+            raise
+        except Exception as err:  # noqa: BLE001 - torch would read it unchecked (weights_only=False): refused
+            why = (str(err).split("WeightsUnpickler error:")[-1].strip().splitlines() or [type(err).__name__])[0]
+            raise UnsafeCheckpoint(name, f"data the weights-only reader does not accept ({why})") from None
 
 
 def read_yaml(path: str | os.PathLike, *, key: str):

@@ -21,6 +21,7 @@ a note when the run is still training; an export cut short is refused with how t
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
 from contextlib import ExitStack
 from dataclasses import replace
@@ -117,6 +118,7 @@ def _evaluate(cfg, dcfg, out: Path, agents, sources, checkpoints, benchmarks, pl
         results["reward_failures"] = {reward: dict(pool.stats) for reward, pool in pools.items()}
     results["settings"] = OmegaConf.to_container(dcfg, resolve=True)
     json_path, md_path = write_results(results, out)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # "no results were written" no longer holds
     print(format_table(results))
     print(f"results: {json_path} and {md_path}")
     return 0

@@ -64,6 +64,7 @@ def main(argv: list[str]) -> int:
     except RunInterrupted as err:
         print(f"{err}: stopped before training started; nothing was written", file=sys.stderr)
         return 128 + err.signum
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the start-up message no longer holds
     if rank_zero_only.rank != 0:  # one report, not one per data-parallel rank
         return 0
     if summary["status"] == "interrupted":

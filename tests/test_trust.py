@@ -218,3 +218,68 @@ def test_a_run_whose_checkpoints_folder_is_a_link_resumes(run, tmp_path, zoo_cac
     summary = train(cfg)
     assert summary["status"] == "completed" and summary["steps"] == 3
     assert (bigger_disk / "step_0000003.ckpt").exists()
+
+
+def test_a_dotted_global_through_an_allowed_module_is_refused(tmp_path):
+    """`torch.distributed.checkpoint.metadata` imports os: pickle would follow `metadata` + `os.system`."""
+    marker = tmp_path / "code_ran"
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    module, name, command = b"torch.distributed.checkpoint.metadata", b"os.system", f"touch {marker}".encode()
+    data = (b"\x80\x04\x8c" + bytes([len(module)]) + module + b"\x8c" + bytes([len(name)]) + name + b"\x93"
+            + b"\x8c" + bytes([len(command)]) + command + b"\x85R.")
+    (directory / ".metadata").write_bytes(data)
+    with pytest.raises(UnsafeCheckpoint, match="a reference to torch.distributed.checkpoint.metadata.os.system"):
+        check_distributed_checkpoint(directory)
+    assert not marker.exists()
+
+
+def test_a_planted_non_tensor_item_of_a_distributed_checkpoint_is_refused(tmp_path):
+    """torch reads an FSDP2 checkpoint's non-tensor items with `torch.load(weights_only=False)`: each is checked."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    directory = tmp_path / "ckpt"
+    dcp.save({"w": torch.randn(2, 2), "step": 3}, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=True)
+    check_distributed_checkpoint(directory)  # the real one passes
+    marker = tmp_path / "code_ran"
+    evil = pickle.dumps(Planted(marker))
+    (directory / "evil.distcp").write_bytes(evil)
+    metadata = pickle.loads((directory / ".metadata").read_bytes())
+    index = next(i for i in metadata.storage_data if i.fqn == "step")
+    info = metadata.storage_data[index]
+    metadata.storage_data[index] = type(info)(relative_path="evil.distcp", offset=0, length=len(evil))
+    (directory / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(UnsafeCheckpoint, match=r"evil\.distcp \(item step\): refused: it holds data the weights-only"):
+        check_distributed_checkpoint(directory)
+    assert not marker.exists()
+
+
+def test_a_cut_short_index_is_damage_not_danger(tmp_path):
+    from hacrl_lightning.callbacks.checkpoint import damage
+
+    import torch.distributed.checkpoint as dcp
+
+    directory = tmp_path / "step_0000001.ckpt"
+    dcp.save({"w": torch.randn(2, 2)}, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=True)
+    index = directory / ".metadata"
+    index.write_bytes(index.read_bytes()[:40])
+    assert damage(directory)  # a reason to skip it (an older checkpoint is used), not a refusal
+
+
+def test_evaluate_replaces_an_earlier_evaluation_of_its_own(tmp_path, zoo_cache):
+    out = tmp_path / "eval"
+    out.mkdir()
+    for name in ("evaluate.yaml", "results.json", "results.md"):
+        (out / name).write_text("earlier\n")
+    compose_evaluate(["agents=[zoo:tiny_a]", "benchmarks=[synthetic]", f"output_dir={out}",
+                      f"zoo_cache={zoo_cache}"], preflight=True)  # its own folder: no overwrite=true needed
+
+
+def test_a_link_to_a_checkpoint_resumes_its_own_run(run, tmp_path):
+    from hacrl_lightning.run_dir import resume_run_dir, run_dir_of
+
+    link = tmp_path / "best.ckpt"
+    link.symlink_to(run / "checkpoints" / "step_0000002.ckpt")
+    assert run_dir_of(link) == run.resolve() and resume_run_dir(link) == run.resolve()
