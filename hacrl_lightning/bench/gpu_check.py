@@ -493,10 +493,12 @@ def install_deps(deps: Path, site: Path) -> None:
     """The wheels in deps/wheels installed into `site` (`--no-deps --target`, nothing from the network) and
     put first on this process's path and its children's."""
     wheels = sorted((deps / "wheels").glob("*.whl"))
-    if wheels and not (site / ".installed").exists():
+    stamp = site / ".installed"
+    listed = "\n".join(w.name for w in wheels) + "\n"
+    if wheels and (not stamp.exists() or stamp.read_text() != listed):  # other wheels: installed again
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)], check=True)
-        (site / ".installed").write_text("\n".join(w.name for w in wheels) + "\n")
+        stamp.write_text(listed)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(site), *[p for p in os.environ.get("PYTHONPATH", "").split(
         os.pathsep) if p]])
     sys.path.insert(0, str(site))
