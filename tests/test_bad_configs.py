@@ -90,6 +90,7 @@ def problems_of(overrides: list[str]):
     return info.value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides, key", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_config_fails_before_any_model_with_key_value_allowed_and_fix(overrides, key, files, model_loads):
     error = problems_of(overrides_for(overrides, files))
@@ -221,6 +222,7 @@ def test_script_reports_several_problems_in_one_message(files, tmp_path, train_m
     assert model_loads == []
 
 
+@pytest.mark.slow
 def test_script_unknown_key_and_wrong_type_together(files, tmp_path):
     """The real `python scripts/train.py` (a subprocess): its exit status is main's."""
     run = tmp_path / "run"

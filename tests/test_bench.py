@@ -34,6 +34,7 @@ def bench(tmp_path_factory, zoo_cache) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_bench_json_has_the_headline_figures(bench):
     assert bench["framework_over_bare"] > 0 and bench["framework_over_bare_wall"] > 0
     assert set(bench["phase_share"]) == set(PHASES)
@@ -115,3 +116,18 @@ def test_each_step_is_written_to_the_logger_once_with_the_callbacks_scalars(tmp_
     for tag in step_tags:
         assert [e.step for e in events.Scalars(tag)] == [1, 2, 3], tag  # steps done (docs/training.md)
     assert events.Scalars("clip/cross_lower_first")[0].value == pytest.approx(0.8)  # 1 - delta
+
+
+def test_every_bench_command_and_console_entry_loads_and_parses_its_arguments(monkeypatch, capsys):
+    """The fast lane's cover of `bench.*` and `entry` (their real runs are the slow tests above and the wheel's):
+    `hacrl-bench <command> --help` through the console entry, for every command."""
+    from hacrl_lightning import entry
+    from hacrl_lightning.bench.report import print_table
+
+    for command in ("rollout", "step", "rewards", "exchange"):
+        monkeypatch.setattr(sys, "argv", ["hacrl-bench", command, "--help"])
+        with pytest.raises(SystemExit) as done:
+            entry.bench()
+        assert done.value.code == 0 and "usage:" in capsys.readouterr().out
+    print_table([{"a": 1.23456, "b": "x"}], ["a", "b"])
+    assert capsys.readouterr().out.splitlines() == ["a      b", "1.235  x"]

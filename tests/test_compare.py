@@ -118,6 +118,7 @@ def test_capability_study_refuses_what_is_not_a_pair_of_two_agents(tmp_path, scr
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_resolved_values_hash_every_value_but_where_the_run_lives():
     from omegaconf import OmegaConf
 
@@ -134,6 +135,7 @@ def test_resolved_values_hash_every_value_but_where_the_run_lives():
         assert ex.config_hash(values("run_dir=/a", change)) != ex.config_hash(base), change
 
 
+@pytest.mark.slow
 def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_cache, script_main, capsys,
                                                                  monkeypatch):
     out = tmp_path / "cmp"
@@ -252,6 +254,7 @@ CAPABILITY = ["study=capability", "pairs=[[tiny_a,tiny_b],[tiny_a,tiny_c]]", "me
               "trainer.mini_batch_prompts=2", "trainer.export_agents=false", "trainer.diagnostics_every=0"]
 
 
+@pytest.mark.slow
 def test_quick_capability_study_compares_within_pairs_and_reruns_only_changed_arms(tmp_path, zoo_cache, script_main,
                                                                                    capsys, monkeypatch):
     out = tmp_path / "cap"
@@ -326,6 +329,7 @@ ONE_RUN = ["methods=[grpo]", "seeds=[0]", "trainer.steps=3", "data.eval_size=4",
            "trainer.export_agents=false", "trainer.diagnostics_every=0"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_comparison_that_owns_its_directory_and_the_next_one_resumes_the_run(
         tmp_path, zoo_cache, script_main, capsys):
     out = tmp_path / "cmp"
@@ -366,6 +370,7 @@ def test_ctrl_c_stops_a_comparison_that_owns_its_directory_and_the_next_one_resu
     assert "| grpo | tiny_a | 1 of 1 |" in (out / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_no_result_and_the_next_comparison_retries_it(tmp_path, zoo_cache, script_main, capsys):
     """lr=1e38 (finite, far too large) fails inside the first update: a `failed` summary. The output directory's
     name holds a space, `=` and `,` (Hydra needs the run directories quoted)."""

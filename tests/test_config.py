@@ -34,6 +34,7 @@ def problems_of(overrides):
 # --- every file composes (discovered by glob, so a new file is covered automatically) --------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", ["algorithm", "data", "rollout", "trainer", "experiment"])
 def test_every_group_option_composes_and_validates(group):
     options = group_options(group)
@@ -43,6 +44,7 @@ def test_every_group_option_composes_and_validates(group):
         assert isinstance(cfg, TrainConfig)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", AGENT_FILES, ids=[p.stem for p in AGENT_FILES])
 def test_every_agent_preset_composes_and_validates(path):
     key = agent_key(path.stem)
@@ -57,6 +59,7 @@ def test_agents_dir_is_the_agents_group():
     assert set(group_options("agents")) == {p.stem for p in AGENT_FILES}
 
 
+@pytest.mark.slow
 def test_algorithm_files_equal_registry_presets():
     assert set(group_options("algorithm")) == set(PRESETS)
     for name, preset in PRESETS.items():
@@ -205,6 +208,7 @@ def test_train_script_reports_bad_config_without_traceback(tmp_path, script_main
     assert not (tmp_path / "run").exists()  # nothing written for a bad config
 
 
+@pytest.mark.slow
 def test_train_script_from_another_directory_saves_resolved_config_and_shows_cfg(tmp_path):
     shown = run_train(["--cfg", "job", "agents=[tiny_a,tiny_b,tiny_c]"], cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr

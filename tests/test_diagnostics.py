@@ -129,6 +129,7 @@ def run(tmp_path, zoo_cache, *overrides):
     return summary, captured["module"]
 
 
+@pytest.mark.slow
 def test_grad_share_leaves_the_update_unchanged_and_lies_in_0_1(tmp_path, zoo_cache):
     three = ("agents=[tiny_a,tiny_b,tiny_c]", "algorithm=hacpo")
     _, plain = run(tmp_path / "off", zoo_cache, *three, "trainer.diagnostics_every=0")

@@ -85,6 +85,7 @@ def updates_m(calls: list[int]) -> list[int]:
     return [m for m, _ in groupby(calls)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, updates", [("hacpo", 4), ("gspo_x2", 4), ("grpo", 2)])
 def test_two_ranks_make_the_one_rank_update(runs, case, updates):
     one, two = runs[0][case], runs[1][case]

@@ -154,6 +154,7 @@ def arithmetic_benchmark(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_checkpoint_agents_get_the_checkpoints_weights(zoo_agents, tmp_path):
     from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM
@@ -216,6 +217,7 @@ ONE_STEP = ["agents=[tiny_a,tiny_b]", "data.prompts_per_step=4", "trainer.mini_b
             "trainer.eval_every=0", "data.eval_size=2"]
 
 
+@pytest.mark.slow
 def test_an_export_cut_short_never_looks_complete_and_resume_exports_again(tmp_path, zoo_cache, script_main, capsys):
     run, out = tmp_path / "run", tmp_path / "eval"
     args = [*ONE_STEP, "trainer.steps=1", f"zoo_cache={zoo_cache}", f"run_dir={run}"]
@@ -275,6 +277,7 @@ def test_an_export_replaces_the_previous_one_whole_and_refuses_a_users_directory
     assert (mine / "notes.txt").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_evaluate_on_a_run_still_training_names_the_checkpoint_it_scored(tmp_path, zoo_cache, capsys):
     run, out = tmp_path / "run", tmp_path / "eval"
     args = [*ONE_STEP, "trainer.steps=1000", "trainer.checkpoint_every=1", f"zoo_cache={zoo_cache}", f"run_dir={run}"]
@@ -335,6 +338,7 @@ def test_greedy_decoding_cannot_draw_several_answers(capsys):
         capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_evaluate_on_two_exported_agents_writes_table_and_files(exports, arithmetic_benchmark, tmp_path):
     out = tmp_path / "eval"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

@@ -97,6 +97,7 @@ def test_evaluate_names_a_missing_hub_agent_and_benchmark_and_writes_nothing(scr
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_evaluate_scores_the_synthetic_task_as_the_training_does(script_main, capsys, tmp_path, zoo_cache):
     """Zoo agents equal the run's held-out figure before training; its exports, the figure after."""
     run = tmp_path / "run"

@@ -74,6 +74,7 @@ def run_script(args: list[str]) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_the_run_cleanly_and_resume_continues_once_space_is_freed(small_disk, zoo_cache):
     """16 MB with 8 MB taken by another file: step 1's checkpoint fits, step 2's does not. The run ends with
     one message (exit 1), a `failed` summary, step 1's checkpoint intact and no partial file; once the other
@@ -120,6 +121,7 @@ class SaveInto(Callback):
                 self.error = err
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_does_not_fit_is_refused_or_removed_and_the_disk_is_not_left_full(small_disk, zoo_cache):
     """The issue's 3 MB filesystem: a write that runs out of space removes its partial file; the run's own
     save is refused before it writes (no checkpoint fits), and the run fails saying to start again."""

@@ -31,6 +31,7 @@ def tiny_check(tmp_path_factory, zoo_cache):
     return check(tmp_path_factory.mktemp("gpu_check"), zoo_cache)
 
 
+@pytest.mark.slow
 def test_every_part_runs_and_the_reports_say_so(tiny_check):
     proc, report, md = tiny_check
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -78,6 +79,7 @@ def test_the_bf16_drift_is_measured_for_each_learner(tiny_check):
         assert f"drift {name}" in md
 
 
+@pytest.mark.slow
 def test_a_failing_part_is_reported_and_the_check_goes_on(tmp_path, zoo_cache):
     proc, report, md = check(tmp_path, zoo_cache, "--parts", "single,offload")  # no build: no agent directories
     assert proc.returncode == 1
@@ -115,3 +117,20 @@ def test_figures_by_hand():
     assert fig["old_logprobs_tflops"] == 4.0
     assert fig["memory_gib"] == {"rollout": 30.0, "old_logprobs": 20.0, "update": 50.0}  # the warm-up's 99 left out
     assert fig["memory_over_plan"] == {"rollout": 0.75, "old_logprobs": 0.5, "update": 1.25}
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_the_real_check_on_a_gpu(tmp_path, zoo_cache):
+    """Where CUDA is (skipped elsewhere): the real sizes, one training step on one device, the drift measured."""
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--out", str(out), "--work",
+                           str(tmp_path / "work"), "--zoo-cache", str(zoo_cache), "--parts", "env,build,single",
+                           "--steps", "1", "--budget-s", "500"], capture_output=True, text=True, timeout=600,
+                          cwd=str(REPO))
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    single = report["parts"]["single"]
+    assert single["figures"]["update_tflops"] > 0 and single["peak_memory_gib"] > 0
+    for d in single["drift"].values():  # bf16 on real sizes: a few percent, never the direction (docs/GPU.md)
+        assert d["grad_cos"] > 0.99

@@ -93,6 +93,7 @@ class StateBytes(Callback):
             }
 
 
+@pytest.mark.slow
 def test_training_state_is_exact_after_one_real_step(tmp_path, zoo_cache):
     from hacrl_lightning.training import train
 
@@ -139,6 +140,7 @@ def profiled_peak(model, rows: int, tokens: int) -> int:
     return int((above.sum(1) - gradients).max())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab, layers, rows, tokens, checkpointing", [
     (151_936, 2, 12, 32, False),  # the real Qwen3 vocabulary: the logits dominate (two chunks of gather_logprobs)
     (512, 4, 4, 256, False),      # a small vocabulary: the blocks' activations dominate

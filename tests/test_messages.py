@@ -135,6 +135,7 @@ def test_ctrl_c_in_the_first_second_of_train_is_one_line(tmp_path):
     assert not run.exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_evaluation_is_one_line_and_leaves_no_half_made_folder(tmp_path, zoo_cache):
     out = tmp_path / "eval"
     done = _run_script(["scripts/evaluate.py", "agents=[zoo:tiny_a]", "benchmarks=[synthetic]", "reward_workers=0",
@@ -165,6 +166,7 @@ except RunFailed as err:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmSize from /proc")
 def test_running_out_of_memory_in_training_names_the_setting_and_no_phantom_checkpoint(tmp_path, zoo_cache):
     # tiny_qwen3's logits: 16 rows x 112 positions x 151,936 x 4 B = 1.1 GB per micro-batch > the 600 MB allowed

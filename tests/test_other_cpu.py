@@ -43,6 +43,7 @@ def run_on_other_cpu(args: list[str], zoo_cache: Path, timeout: int = 900) -> su
     return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_child_runs_on_other_kernels(zoo_cache):
     done = run_on_other_cpu(["-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"], zoo_cache)
     assert done.returncode == 0, done.stderr
@@ -51,6 +52,7 @@ def test_the_child_runs_on_other_kernels(zoo_cache):
         pytest.skip("this machine's own torch kernels are the generic ones already")
 
 
+@pytest.mark.slow
 def test_pinned_figures_hold_on_another_cpu(zoo_cache):
     """The pinned run, the 1-rank vs 2-rank equivalence and the shipped zoo, under `OTHER_CPU`."""
     done = run_on_other_cpu(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_pinned_run.py",
@@ -60,6 +62,7 @@ def test_pinned_figures_hold_on_another_cpu(zoo_cache):
     assert " passed" in done.stdout and "failed" not in done.stdout
 
 
+@pytest.mark.slow
 def test_random_weight_presets_build_the_same_bytes_on_another_cpu(zoo_cache, tmp_path):
     """A preset that is built, not shipped, must not depend on the CPU: its random initialisation is drawn
     portably (`zoo.portable_init`); torch's own `normal_` gave other bits under `OTHER_CPU`."""

@@ -125,6 +125,7 @@ def test_the_matrix_covers_every_algorithm_preset():
     assert preset_names() == sorted(HACPO_FAMILY | {"naive", "gspo", "gspo_x2", "grpo"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", preset_names())
 @pytest.mark.parametrize("preset", sorted(MATRIX))
 def test_experiment_with_an_algorithm_runs_that_algorithm(preset, algorithm):
@@ -199,6 +200,7 @@ REFUSALS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides, key, fix_words", [c[1:] for c in REFUSALS], ids=[c[0] for c in REFUSALS])
 def test_a_composition_that_cannot_be_honoured_is_refused_naming_key_and_fix(overrides, key, fix_words):
     problem = refusal(overrides)
@@ -279,6 +281,7 @@ def test_the_saved_config_is_what_runs(tmp_path, algorithm):
     assert saved.pair == cfg.pair  # the experiment's values stay on record, beside what ran
 
 
+@pytest.mark.slow
 def test_the_printed_config_is_what_runs(tmp_path):
     shown = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), "experiment=paper_state",
                             "algorithm=grpo", "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -75,6 +75,7 @@ def smoke_run(tmp_path_factory, zoo_cache):
     return run
 
 
+@pytest.mark.slow
 def test_paper_smoke_trains_on_two_ranks_in_bf16_and_writes_its_summary(smoke_run):
     summary = json.loads((smoke_run / "summary.json").read_text())
     assert summary["algorithm"] == "hacpo" and summary["steps"] == 2

@@ -25,6 +25,7 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "pinned_run.json"
@@ -101,6 +102,7 @@ def _close(a, b, path: str, problems: list[str]) -> None:
         problems.append(f"{path}: {a!r}, pinned {b!r}")
 
 
+@pytest.mark.slow
 def test_the_pinned_run_gives_the_pinned_numbers(tmp_path, zoo_cache):
     pinned = json.loads(FIXTURE.read_text())
     got = json.loads(json.dumps(pinned_figures(tmp_path / "run", zoo_cache)))

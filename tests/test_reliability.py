@@ -138,6 +138,7 @@ def test_repeated_nonfinite_steps_stop_the_run_with_a_clear_error(tmp_path, zoo_
     assert same(recorder.before[0]["tiny_b"], recorder.after[0]["tiny_b"])
 
 
+@pytest.mark.slow
 def test_an_exception_in_an_update_ends_the_run_naming_the_agent_and_the_setting(tmp_path, zoo_cache):
     """lr=1e38 is finite, so the config takes it, but AdamW overflows float32 at the first update: on main a
     RuntimeError traceback from inside torch.optim; now one message naming the agent, the step and the lr,
@@ -157,6 +158,7 @@ def test_an_exception_in_an_update_ends_the_run_naming_the_agent_and_the_setting
 # --- determinism --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_metrics_and_weights(tmp_path, zoo_cache):
     runs = []
     for name in ("first", "second"):
@@ -248,6 +250,7 @@ def run_script(args: list[str], env: dict[str, str] | None = None) -> subprocess
                           text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 def test_sigkill_while_writing_a_checkpoint_then_resume_picks_the_newest_complete_one(tmp_path, zoo_cache):
     run = tmp_path / "run"
     args = [*SMALL, "trainer.steps=3", "trainer.checkpoint_every=1", f"zoo_cache={zoo_cache}", f"run_dir={run}"]

@@ -47,6 +47,7 @@ ADVERSARIAL = {
 """Hostile model output; the gold is 5, so each scores 0.0 whether it finishes or times out."""
 
 
+@pytest.mark.slow
 def test_thousand_responses_with_adversarial_ones_match_a_serial_run(caplog):
     n = 1000
     slots = {name: 37 + 120 * k for k, name in enumerate(ADVERSARIAL)}  # spread through the batch
@@ -120,6 +121,7 @@ MATH_CONFIGS = [["data=math"], ["data=gsm8k"], *[[f"experiment={path.stem}"] for
                                                   sorted((REPO / "configs" / "experiment").glob("paper_*.yaml"))]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", MATH_CONFIGS, ids=lambda overrides: overrides[0])
 def test_every_math_config_scores_model_output_in_the_pool(overrides):
     """math-verify on model output can hang sympy; only the pool's timeout bounds that (the guards are heuristics)."""

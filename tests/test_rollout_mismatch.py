@@ -90,6 +90,7 @@ weights and arithmetic up to the order of a few sums, ~1e-6 in a log-prob; 1e-4 
 kernels and is still 1e4 below what one token misplaced would read (~1)."""
 
 
+@pytest.mark.slow
 def test_with_the_correction_the_run_reports_the_mismatch_and_weights_near_one(tmp_path, zoo_cache):
     """rollout_is_cap > 0 asks the engines for their log-probs: each step logs |engine - trainer| per agent,
     summary.json keeps it, and with the trainer's own model as sampler the weights are 1 to the same

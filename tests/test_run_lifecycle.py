@@ -76,6 +76,7 @@ def wait_for(proc: subprocess.Popen, text: str, seen: list[str]) -> None:
     raise AssertionError(f"no {text!r} within 240 s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum,times,code", [(signal.SIGTERM, 1, 143), (signal.SIGINT, 1, 130), (signal.SIGINT, 2, 130),
                                                (signal.SIGHUP, 1, 129)],
                          ids=["sigterm", "sigint", "sigint_twice", "sighup"])
@@ -132,6 +133,7 @@ def read_until(fd: int, text: str) -> str:
     return seen
 
 
+@pytest.mark.slow
 def test_closing_the_runs_terminal_stops_it_after_the_step_with_a_checkpoint(tmp_path, zoo_cache):
     """A real terminal (a pty, the run's controlling terminal, progress bar on) closed mid-run: the kernel
     sends SIGHUP and fails every later write to the terminal; the run still finishes its step, checkpoints it,
@@ -155,6 +157,7 @@ def test_closing_the_runs_terminal_stops_it_after_the_step_with_a_checkpoint(tmp
     assert not (run / LOCK_NAME).exists()
 
 
+@pytest.mark.slow
 def test_the_printed_continue_command_resumes_a_run_whose_directory_needs_quoting(tmp_path, zoo_cache):
     """A space (the shell), `=`, `,` and a non-ASCII letter (Hydra): the `continue with:` line, pasted into a shell
     (here: shlex.split), resumes the run to its end."""
@@ -176,6 +179,7 @@ def test_the_printed_continue_command_resumes_a_run_whose_directory_needs_quotin
     assert summary["status"] == "completed" and summary["steps"] == 3 and summary["sessions"] == 2
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_to_the_end_and_its_clocks_add_up(tmp_path, zoo_cache):
     run = tmp_path / "run"
     proc = start_script([*SMALL, "trainer.steps=3", f"zoo_cache={zoo_cache}", f"run_dir={run}"])
@@ -199,6 +203,7 @@ def test_an_interrupted_run_resumes_to_the_end_and_its_clocks_add_up(tmp_path, z
 # --- run directories ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_run_directory_is_refused_and_overwrite_replaces_it(tmp_path, zoo_cache, script_main,
                                                                                  capsys):
     run = tmp_path / "run"
@@ -236,6 +241,7 @@ def users_project(directory: Path) -> None:
     (directory / "checkpoints" / "model.pt").write_bytes(b"weights of mine")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite", "plain"])
 def test_a_users_own_directory_is_refused_untouched_even_with_overwrite(tmp_path, zoo_cache, overwrite):
     own = tmp_path / "mine"
@@ -250,6 +256,7 @@ def test_a_users_own_directory_is_refused_untouched_even_with_overwrite(tmp_path
         "checkpoints", "config.yaml", "notes.txt", "src"]
 
 
+@pytest.mark.slow
 def test_overwrite_deletes_only_what_the_run_wrote_and_keeps_the_users_files(tmp_path, zoo_cache):
     run = tmp_path / "run"
     args = [*SMALL, "trainer.steps=1", f"zoo_cache={zoo_cache}", f"run_dir={run}"]
@@ -318,6 +325,7 @@ def test_a_failure_in_the_fits_set_up_leaves_no_run_directory(tmp_path, zoo_cach
 # --- resume: what may change ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_resume_changes_refuse_what_alters_the_run_and_record_the_rest(zoo_cache, tmp_path):
     saved = config_dict(config(tmp_path, zoo_cache, "trainer.steps=4"))
     same = config(tmp_path, zoo_cache, "trainer.steps=4", "trainer.eval_every=2", "trainer.log_every=3",
@@ -360,6 +368,7 @@ def test_a_run_saved_before_a_setting_existed_resumes_with_the_old_behaviour(zoo
     assert resume_changes(saved, kept, at_step=2, completed=False) == ([], {})
 
 
+@pytest.mark.slow
 def test_a_larger_trainer_steps_extends_a_finished_run_exactly(tmp_path, zoo_cache):
     straight = train(config(tmp_path / "straight", zoo_cache, "trainer.steps=3"))
     run = tmp_path / "run"
@@ -377,6 +386,7 @@ def test_a_larger_trainer_steps_extends_a_finished_run_exactly(tmp_path, zoo_cac
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
 
 
+@pytest.mark.slow
 def test_an_extension_killed_while_exporting_resumes_at_its_own_length(tmp_path, zoo_cache):
     """An extension (2 -> 3 steps) killed after its last checkpoint, while exporting: the summary on disk is still
     the first session's ("completed", 2 steps; it is written after the exports). `resume=` with trainer.steps=3 is
@@ -390,6 +400,7 @@ def test_an_extension_killed_while_exporting_resumes_at_its_own_length(tmp_path,
     assert summary["status"] == "completed" and summary["steps"] == 3
 
 
+@pytest.mark.slow
 def test_resume_from_another_runs_checkpoint_forks_and_never_writes_into_that_run(tmp_path, zoo_cache):
     source = tmp_path / "source"
     train(config(source, zoo_cache, "trainer.steps=2", "trainer.checkpoint_every=1"))
@@ -402,6 +413,7 @@ def test_resume_from_another_runs_checkpoint_forks_and_never_writes_into_that_ru
     assert (fork / "run_config.json").is_file() and (fork / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_is_skipped_with_a_message_and_kept_aside(tmp_path, zoo_cache, capsys):
     run = tmp_path / "run"
     # the minutes cadence (here a few milliseconds) checkpoints after every step without checkpoint_every
@@ -426,6 +438,7 @@ def test_the_default_config_checkpoints_on_a_time_cadence():
     assert TrainConfig().trainer.checkpoint_minutes == 15.0
 
 
+@pytest.mark.slow
 def test_sigterm_to_rank_zero_stops_both_ranks_after_the_same_step_and_the_run_resumes(tmp_path, zoo_cache):
     """2 gloo ranks with per-agent FSDP2 (tests/fsdp_run.py, a checkpoint every step): SIGTERM reaches only the
     launching process (rank zero); the stop decision is all-reduced, so rank one stops after the same step."""

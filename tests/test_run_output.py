@@ -15,6 +15,7 @@ TINY = ["data.prompts_per_step=2", "trainer.mini_batch_prompts=2", "rollout.grou
         "trainer.export_agents=false"]
 
 
+@pytest.mark.slow
 def test_progress_lines_reach_a_pipe_while_the_run_goes_on(tmp_path, zoo_cache):
     """A real `scripts/train.py` writing to a pipe (as `> log`, nohup or a scheduler): a line per step shows
     while the process is still running, flushed at once, each naming every agent's train reward."""

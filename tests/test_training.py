@@ -148,6 +148,7 @@ def test_rollouts_are_on_policy(tmp_path, zoo_cache, monkeypatch):
             assert not torch.equal(spy.generated_with[t + 1][name], spy.generated_with[t][name])
 
 
+@pytest.mark.slow
 def test_exact_resume(tmp_path, zoo_cache):
     straight = train(config(tmp_path / "a", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4"))
     first = config(tmp_path / "b", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4", "trainer.checkpoint_every=2")
@@ -172,6 +173,7 @@ def _same_callback_state(a, b) -> bool:
     return all(a["callbacks"][k] == b["callbacks"][k] for k in keys)
 
 
+@pytest.mark.slow
 def test_train_script_end_to_end(tmp_path, zoo_cache):
     """scripts/train.py as a user runs it: TensorBoard events with per-agent tags, a checkpoint,
     exports that load with plain transformers, summary.json and the final table."""
@@ -215,6 +217,7 @@ def test_train_script_end_to_end(tmp_path, zoo_cache):
         assert model.config.vocab_size >= len(tokenizer) and tokenizer.chat_template
 
 
+@pytest.mark.slow
 def test_two_process_fsdp_over_gloo_steps_saves_and_resumes(tmp_path, zoo_cache):
     import subprocess
 
@@ -235,6 +238,7 @@ def test_two_process_fsdp_over_gloo_steps_saves_and_resumes(tmp_path, zoo_cache)
     assert latest_checkpoint(run).name == "step_0000002.ckpt"
 
 
+@pytest.mark.slow
 def test_kl_to_a_frozen_reference_only_when_beta_is_positive(tmp_path, zoo_cache):
     from hacrl_lightning.algorithms import CapabilityWindow
     from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback

@@ -55,6 +55,7 @@ def plant(run: Path, tmp_path: Path) -> tuple[Path, Path, Path]:
     return copy, newest, marker
 
 
+@pytest.mark.slow
 def test_resume_and_fork_of_a_planted_checkpoint_run_nothing(run, tmp_path, zoo_cache, script_main, capsys):
     copy, planted, marker = plant(run, tmp_path)
     for extra in ([], [f"run_dir={tmp_path / 'fork'}"]):  # resume in place, and a fork into a new directory
@@ -119,6 +120,7 @@ def test_trust_remote_code_is_never_taken_from_a_runs_saved_config(run, tmp_path
 # -- prompts are data ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_e", "tiny_qwen3", "tiny_llama32"])
 def test_a_prompt_never_becomes_a_control_token(load_zoo_agent, name):
     from hacrl_lightning.agents.tokenizers import check_lossless, encode_text, special_strings

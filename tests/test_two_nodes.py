@@ -61,6 +61,7 @@ def runs(tmp_path_factory, zoo_cache):
     return load("record.pt"), load("replay-nodes.pt"), load("replay-nodes_rank1.pt")
 
 
+@pytest.mark.slow
 def test_the_two_processes_are_two_nodes_of_one_world(runs):
     _, node0, node1 = runs
     assert node0["layout"] == {"num_nodes": 2, "node_rank": 0, "world_size": 2, "global_rank": 0}

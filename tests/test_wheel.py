@@ -58,6 +58,7 @@ def env(zoo_cache) -> dict:
     return {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "HACRL_ZOO_CACHE": str(zoo_cache)}
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_configs_agents_and_scripts_and_runs_from_anywhere(installed, env, tmp_path):
     """The installed package composes the default job from another directory with the configs inside
     itself (not the repo's), and `hacrl-train --cfg job` prints it."""
@@ -75,6 +76,7 @@ def test_the_wheel_ships_configs_agents_and_scripts_and_runs_from_anywhere(insta
     assert "tiny_a:" in job and "tiny_b:" in job and "name: hacpo" in job
 
 
+@pytest.mark.slow
 def test_a_users_agent_file_and_experiment_folder(installed, env, tmp_path):
     """A 2-step `hacrl-train` job outside the repo with an agent preset given as a path in `agents=[...]`
     and an experiment file from the user's folder (`hydra.searchpath=[file://my_configs]`); a missing

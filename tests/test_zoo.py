@@ -190,6 +190,7 @@ def cuts(tokenizer, text: str) -> tuple[int, ...]:
     return tuple(end for _, end in encoding["offset_mapping"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first,second", list(itertools.combinations(PRESETS, 2)))
 def test_every_pair_of_presets_cuts_most_task_texts_differently(preset_tokenizers, first, second):
     """Before issue 17, tiny_b and tiny_d cut 100 of these 200 texts alike (every answer, bare or worked:
@@ -337,6 +338,7 @@ ensure_built("tiny_a", cache_dir=sys.argv[1])
 """A real process killed by SIGKILL while it fills a cache entry (after its first file)."""
 
 
+@pytest.mark.slow
 def test_a_build_killed_mid_way_leaves_a_staging_dir_that_the_next_build_removes(tmp_path, capsys):
     killed = subprocess.run([sys.executable, "-c", KILL_IN_COPY, str(tmp_path)], capture_output=True, text=True,
                             timeout=120)
@@ -364,6 +366,7 @@ def read_only_prefix(directory: Path) -> list[str] | None:
     return prefix if refused and not (directory / ".probe").exists() else None
 
 
+@pytest.mark.slow
 def test_a_read_only_cache_with_a_damaged_entry_is_a_clear_error(tmp_path):
     cache, run = tmp_path / "cache", tmp_path / "run"
     entry = ensure_built("tiny_a", cache_dir=cache)
@@ -400,6 +403,7 @@ def test_unknown_preset_lists_the_known_ones():
 # --- command line --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_build_writes_a_standalone_hf_dir(zoo_agents, zoo_cache, tmp_path, capsys):
     out = tmp_path / "tiny_c_export"
     env = {**os.environ, zoo.ENV_CACHE: str(zoo_cache)}
