@@ -32,7 +32,7 @@ from hacrl_lightning.agents.tokenizers import check_lossless, decode_text, embed
     save_tokenizer, special_strings
 from hacrl_lightning.config import AgentConfig
 
-__all__ = ["AGENT_FILE", "Agent", "AgentLoadError", "gather_logprobs", "render_chat_prompts"]
+__all__ = ["AGENT_FILE", "Agent", "AgentLoadError", "encode_chat_prompts", "gather_logprobs", "render_chat_prompts"]
 
 AGENT_FILE = "hacrl_agent.json"
 """Written by `export`: the agent's name and the settings a deployment needs beside the HF files."""
