@@ -288,16 +288,11 @@ def checkpoint_state(checkpoint: Path) -> dict[str, torch.Tensor]:
 def run_state(run_dir: Path) -> str:
     """`training` while the process that holds the run's lock lives (its pid is in `.lock`, which a run
     removes when it ends), else the status in its summary.json, else `unknown`. Only reads files: taking
-    the lock, even for a moment, could refuse a run starting then."""
-    from hacrl_lightning.run_dir import LOCK_NAME
+    the lock, even for a moment, could refuse a run starting then (`run_dir.live_holder`)."""
+    from hacrl_lightning.run_dir import live_holder
 
-    try:
-        holder = (run_dir / LOCK_NAME).read_text().split()
-        if len(holder) > 1 and holder[0] == "pid" and holder[1].isdigit():
-            os.kill(int(holder[1]), 0)
-            return "training"
-    except (OSError, ValueError):  # no lock file, or its process is gone (a killed run leaves the file)
-        pass
+    if live_holder(run_dir):
+        return "training"
     try:
         return str(json.loads((run_dir / "summary.json").read_text()).get("status", "unknown"))
     except (OSError, ValueError):

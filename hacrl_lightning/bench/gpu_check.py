@@ -395,8 +395,8 @@ def drift(module, agent, view, plan, tables, lowers, m, micro_batch) -> dict:
         _, logp = logprobs(bf16)                                                          # [b, T]
         mean = sequence_mean_logp(logp.detach().float(), micro.loss_mask).cpu()           # [b]
         old_mean, old_logp = tables.old_logp_mean.clone(), tables.old_logp.clone()
-        old_mean[rows[own.cpu()]] = mean[own.cpu()]
         own_rows = rows[own.cpu()]
+        old_mean[own_rows] = mean[own.cpu()]
         old_logp[own_rows, : logp.shape[1]] = logp.detach().float().cpu()[own.cpu()]
         step = replace(tables, old_logp_mean=old_mean, old_logp=old_logp)
         with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bf16):
