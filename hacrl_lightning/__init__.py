@@ -12,7 +12,7 @@ modules: `config` (typed configs, value checks), `errors`, `presets` (algorithms
 `cli` (Hydra composition, the only module that imports Hydra), `entry` (the console scripts),
 `agents`, `rollout`, `rewards`, `data`, `algorithms` (pure tensor functions), `plan` (a step's global
 plan of mini-batches), `memory` (the per-GPU memory plan of a run), `loss_stats` (loss metrics reduced
-over micro-batches and ranks), `step` (a training step's contract: `StepBatch`, `RolloutSource`),
+over micro-batches and ranks), `step` (a training step's contract: `PromptBatch`, `StepBatch`),
 `update` (the update's micro-batch passes and loss inputs), `grad_share` (the gradient-share
 diagnostic), `files` (durable atomic writes), `safe_load` (checkpoints and YAML from others, read without running
 their code), `failures` (faults that end a run in one line), `module`, `datamodule`, `callbacks`, `strategies`, `training` (one run,

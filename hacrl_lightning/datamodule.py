@@ -2,13 +2,16 @@
 
 The loader serves *prompts*, never rollouts: batch t is a fixed, seeded slice of the train set
 (step-indexed, so a resumed run sees exactly the prompts it would have seen), from a sized loader
-that Lightning does not prefetch. The module calls `rollout(batch)` inside `training_step`, i.e.
-after the previous update, so rollouts are strictly on-policy (docs/engineering.md §5).
+that Lightning does not prefetch. Lightning hands each prompt batch to `on_after_batch_transfer`,
+which makes the step there, after the previous step's update and weight sync (its `on_train_batch_end`),
+so rollouts are strictly on-policy (docs/engineering.md §5), and before the callbacks' and the module's
+`on_train_batch_start`: data flows DataModule -> callbacks -> module (docs/training.md).
 `rollout` generates with every agent's engine, decodes, scores once, gathers every rank's share,
 and builds each learner's token view (`agents/exchange.py`): the module receives the step whole
 and only trains. Engines are built in `setup`, after the process group exists. Held-out evaluation
 generates here and scores with `evaluation.answer_rewards`. Deliberately not here: forward passes,
-advantages and optimizer steps (the module), and the math of retokenization (exchange.py).
+advantages and optimizer steps (the module), the step's omega and clip bounds (callbacks), and the
+math of retokenization (exchange.py).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from hacrl_lightning.evaluation import answer_rewards
 from hacrl_lightning.failures import generation_failed, is_out_of_memory
 from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
 from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
-from hacrl_lightning.step import StepBatch, step_seed
+from hacrl_lightning.step import PromptBatch, StepBatch, step_seed
 
 
 class StepBatchSampler(Sampler[list[int]]):
@@ -82,9 +85,10 @@ class ResumableLoader(DataLoader):
         self.served = served
 
     def __iter__(self):
-        for batch in super().__iter__():
+        for examples in super().__iter__():
+            step = self._sampler.start + self.served
             self.served += 1
-            yield batch
+            yield PromptBatch(step, examples)
 
     def state_dict(self) -> dict[str, int]:
         return {"next_step": self._sampler.start + self.served}
@@ -195,6 +199,12 @@ class RolloutDataModule(pl.LightningDataModule):
 
     # -- one step ---------------------------------------------------------------------------------
 
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """Lightning's first hook of a training step that holds its batch: prompts in, the step whole out."""
+        if isinstance(batch, PromptBatch):
+            return self.rollout(batch.examples, step=batch.step)
+        return batch
+
     def sampling(self, agent: Agent, *, n: int, seed: int) -> SamplingSettings:
         """How `agent` samples its training responses: its own settings (`SamplingSettings.for_agent`), with
         the engine's log-probs where they are wanted or free."""
@@ -225,7 +235,7 @@ class RolloutDataModule(pl.LightningDataModule):
         learner's view of the responses it trains on."""
         examples, group, n = list(examples), self.group_size, len(self.names)
         self._phase("rollout")
-        start = time.perf_counter()
+        start = started = time.perf_counter()
         generations = self.generate(examples, step=step, n=group)
         rollout_s = time.perf_counter() - start
 
@@ -246,7 +256,7 @@ class RolloutDataModule(pl.LightningDataModule):
         views = self._views(examples, rollouts)
         exchange_s = time.perf_counter() - start
         return StepBatch(examples, rollouts, rewards, views, reward_stats,
-                         {"rollout": rollout_s, "reward": reward_s, "exchange": exchange_s})
+                         {"rollout": rollout_s, "reward": reward_s, "exchange": exchange_s}, step=step, started=started)
 
     def _phase(self, phase: str) -> None:
         for listener in self.phase_listeners:

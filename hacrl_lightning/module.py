@@ -1,13 +1,12 @@
 """HACRLModule: N agents, one optimizer each, manual optimization, one HACPO step per prompt batch.
 
 `training_step` reads top to bottom as Algorithm 1 of the paper (docs/spec.md §7). Lightning hands it
-only the step's prompt batch; the module fetches the step itself from the rollout source it is given
-(`step.RolloutSource`: the run's DataModule), whose `rollout(batch, step=...)` returns a `StepBatch`
-(rollouts from every agent's current weights, one reward per response, each learner's token view). Then: the
-capability window and omega, each source's old log-probs (one forward pass
+the step whole, a `StepBatch`: made by the DataModule (rollouts from every agent's current weights, one
+reward per response, each learner's token view) and completed by the callbacks before the step (omega
+from the capability callback, each mini-batch's cross-ratio lower bound from the clip-schedule callback);
+the module reads those values and calls no callback. Then: each source's old log-probs (one forward pass
 over its own responses, shared by every learner), then for each learner its advantages and its
-mini-batches ordered own-first, each with the cross-ratio lower bound the clip-schedule callback gives
-for its index m. Under data parallelism every rank holds the whole step and builds the same global
+mini-batches ordered own-first, mini-batch m with the lower bound `cross_lower[m]`. Under data parallelism every rank holds the whole step and builds the same global
 plan of mini-batches (`plan.py`), trains on its slice of each, and normalises the loss over the
 global mini-batch, so an update is the one a single device would make on the whole batch
 (docs/training.md). Single-agent algorithms (grpo, gspo, gspo_x2) run the same loop with views that
@@ -21,7 +20,7 @@ diagnostic `grad_share.py`.
 Metrics reach the loggers one way: `report()`, used by the module and by the callbacks, and written
 once per step. Deliberately not here: sampling, rewards and retokenization (the DataModule and
 `agents/exchange.py`), the math (`algorithms/`), the capability window's state and the clip schedule
-(their callbacks own them), and checkpoint/eval/sync policy (callbacks).
+(their callbacks own them and hand the step's values forward), and checkpoint/eval/sync policy (callbacks).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Mapping
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
@@ -38,14 +37,14 @@ from torch import nn
 
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.agents.exchange import AgentView
-from hacrl_lightning.algorithms import CapabilityWindow, compute_advantages, hacpo_loss, sequence_mean_logp, step_accuracy
+from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, sequence_mean_logp, step_accuracy
 from hacrl_lightning.config import AlgorithmConfig, parse_cross_samples
 from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.failures import checkpoints_note, is_out_of_memory
 from hacrl_lightning.grad_share import measure_grad_share
 from hacrl_lightning.loss_stats import LossStats
 from hacrl_lightning.plan import StepPlan, learner_order
-from hacrl_lightning.step import RolloutSource, StepBatch, step_seed
+from hacrl_lightning.step import StepBatch, step_seed
 from hacrl_lightning.update import LearnerTables, MicroBatch, loss_inputs, micro_batches, total_grad_norm
 
 
@@ -82,12 +81,6 @@ def update_failed(name: str, step: int, err: Exception, agent_cfg, micro_batch_s
 
 
 
-class CrossLowerBound(Protocol):
-    """Where the cross-ratio lower bound of mini-batch m comes from (`callbacks.StepwiseClipCallback`)."""
-
-    def lower(self, m: int) -> float: ...
-
-
 @dataclass(frozen=True)
 class UpdateSettings:
     """What the update loop reads besides the algorithm (`training.update_settings` builds it)."""
@@ -111,12 +104,9 @@ def _detach_mean(values: list[torch.Tensor]) -> float:
 
 class HACRLModule(pl.LightningModule):
     """agents: the run's agents in config order (= optimizer order); algorithm: the resolved preset;
-    update: sizes and limits of the update loop; capability: the window its callback owns and saves;
-    clip_schedule: the source of each mini-batch's cross lower bound; rollouts: the source of each
-    training step (the run's DataModule)."""
+    update: sizes and limits of the update loop."""
 
-    def __init__(self, agents: dict[str, Agent], *, algorithm: AlgorithmConfig, update: UpdateSettings,
-                 capability: CapabilityWindow, clip_schedule: CrossLowerBound, rollouts: RolloutSource):
+    def __init__(self, agents: dict[str, Agent], *, algorithm: AlgorithmConfig, update: UpdateSettings):
         super().__init__()
         self.alg = algorithm
         self.settings = update
@@ -128,9 +118,6 @@ class HACRLModule(pl.LightningModule):
             for name, agent in agents.items():
                 reference = Agent(name, _frozen_copy(agent.model), agent.tokenizer, agent.cfg)
                 self.references[name] = reference
-        self.capability = capability
-        self.clip_schedule = clip_schedule
-        self.rollouts = rollouts
         self.loss_settings = algorithm.loss_settings()
         self.advantage_settings = algorithm.advantage_settings()
         self.cross_cap = parse_cross_samples(self.alg.cross_samples_per_prompt)
@@ -213,18 +200,13 @@ class HACRLModule(pl.LightningModule):
         self.agents.eval()
         self.references.eval()
 
-    def training_step(self, batch, batch_idx):
+    def training_step(self, data: StepBatch, batch_idx):
         step = self.steps_done
-
-        # 1-3. the step whole from the DataModule: rollouts of the current weights, rewards, each learner's view
-        data: StepBatch = self.rollouts.rollout(batch, step=step)
+        # 1-3. the step whole from the DataModule: rollouts of the current weights, rewards, each learner's view;
+        # 4. omega over the global batch and each mini-batch's cross lower bound, from the callbacks
+        omega, lowers = self._step_values(data)                                            # [n, n], [M]
         for name in self.names:
             self.counters[name]["rollouts_generated"] += len(data.examples) * data.group_size
-
-        # 4. capability window over the global batch, omega
-        acc = step_accuracy(data.rewards)                                                   # [n]
-        self.capability.update(acc)
-        omega = self.capability.omega()                                                     # [n, n]
 
         # 5-6a. each learner's global plan; each source's old log-probs on its own responses
         plans = {name: self._plan(data.views[name], k, step) for k, name in enumerate(self.names)}
@@ -237,21 +219,14 @@ class HACRLModule(pl.LightningModule):
         advantages = compute_advantages(data.rewards, omega, **self.advantage_settings)     # [n, P, n, G]
         self._phase("update")
         start = time.perf_counter()
-        metrics: dict[str, float] = {}
         every = self.settings.diagnostics_every
         grad_share = every > 0 and (step + 1) % every == 0  # the every-th step, counting from 1
+        metrics: dict[str, float] = {}
         for k, name in enumerate(self.names):
             tables = LearnerTables.of_step(data.views[name], k, advantages=advantages[k].flatten(), old_mean=old_mean,
                                            old_tokens=old_tokens[name], ref_tokens=ref_tokens.get(name), omega=omega,
                                            rewards=data.rewards.flatten())
-            try:
-                metrics.update(self.update_learner(k, name, data.views[name], plans[name], tables,
-                                                   grad_share=grad_share))
-            except RunFailed:
-                raise
-            except Exception as err:  # noqa: BLE001 - any fault of an update ends the run naming the agent
-                raise update_failed(name, step, err, self.agents[name].cfg, self.settings.micro_batch_size,
-                                    self.trainer.default_root_dir) from err
+            metrics.update(self._update_or_fail(k, name, data.views[name], plans[name], tables, lowers, grad_share))
         metrics.update(self.loss_stats.compute({name: len(plans[name]) for name in self.names}))  # over all ranks
         self.loss_stats.reset()
         diagnostics_s = sum(metrics.pop(f"time/diagnostics/{name}", 0.0) for name in self.names)
@@ -260,25 +235,58 @@ class HACRLModule(pl.LightningModule):
         # 7. weight sync runs in WeightSyncCallback; metrics
         self.steps_done += 1
         self._phase("logging")
-        metrics.update(self._rollout_metrics(data, acc, omega))
+        metrics.update(self._rollout_metrics(data, step_accuracy(data.rewards), omega))
         metrics.update(self._view_metrics(data.views))
+        metrics.update(self._clip_metrics(lowers, plans))
         metrics.update(mismatch)
         metrics.update({"time/rollout": data.timings["rollout"], "time/reward": data.timings["reward"],
                         "time/exchange": data.timings["exchange"], "time/old_logprobs": old_s,
                         "time/update": update_s, **({"time/diagnostics": diagnostics_s} if grad_share else {}),
                         "reward/timeouts": data.reward_stats.get("timeouts", 0),
                         "reward/crashes": data.reward_stats.get("crashes", 0)})
+        self._record(step, metrics)
+        for name in self.names:
+            self.log(f"{name[:8]} train reward", metrics[f"{name}/reward"], prog_bar=True, logger=False,
+                     on_step=True, on_epoch=False, batch_size=len(data.examples))
+
+    # -- pieces of the step -----------------------------------------------------------------------
+
+    def _step_values(self, data: StepBatch) -> tuple[torch.Tensor, tuple[float, ...]]:
+        """The step's omega and cross lower bounds, which the callbacks handed forward on the batch at
+        `on_train_batch_start` (`CapabilityCallback`, `StepwiseClipCallback`)."""
+        missing = [f"{key} (from {owner})" for key, owner in (("omega", "CapabilityCallback"),
+                                                               ("cross_lower", "StepwiseClipCallback"))
+                   if getattr(data, key) is None]
+        if missing:
+            raise RuntimeError(f"training step {self.steps_done + 1} arrived without {' and '.join(missing)}: give the "
+                               "trainer those callbacks (`training.build_system` makes them)")
+        return data.omega, data.cross_lower
+
+    def _update_or_fail(self, k: int, name: str, view: AgentView, plan: StepPlan, tables: LearnerTables,
+                        lowers: tuple[float, ...], grad_share: bool) -> dict[str, float]:
+        """`update_learner`, where any fault of the update ends the run naming the agent (`UpdateFailed`)."""
+        try:
+            return self.update_learner(k, name, view, plan, tables, lowers, grad_share=grad_share)
+        except RunFailed:
+            raise
+        except Exception as err:  # noqa: BLE001 - any fault of an update ends the run naming the agent
+            raise update_failed(name, self.steps_done, err, self.agents[name].cfg, self.settings.micro_batch_size,
+                                self.trainer.default_root_dir) from err
+
+    @staticmethod
+    def _clip_metrics(lowers: tuple[float, ...], plans: dict[str, StepPlan]) -> dict[str, float]:
+        """The first and the last cross lower bound a mini-batch of this step trained with."""
+        used = max((len(plan) for plan in plans.values()), default=0)
+        return {"clip/cross_lower_first": lowers[0], "clip/cross_lower_last": lowers[used - 1]} if used else {}
+
+    def _record(self, step: int, metrics: dict[str, float]) -> None:
+        """Keep the step's scalars (`last_metrics`, the diagnostics' history for the summary) and report them."""
         self.last_metrics = metrics
         omegas = {f"{name}/omega/{partner}" for name in self.names for partner in self.names}
         for key, value in metrics.items():
             if "/diag/" in key or key in omegas or "/rollout/logp_diff" in key:
                 self.diagnostics.setdefault(key, []).append((step, value))
         self.report(metrics)
-        for name in self.names:
-            self.log(f"{name[:8]} train reward", metrics[f"{name}/reward"], prog_bar=True, logger=False,
-                     on_step=True, on_epoch=False, batch_size=len(batch))
-
-    # -- pieces of the step -----------------------------------------------------------------------
 
     def _phase(self, phase: str) -> None:
         for listener in self.phase_listeners:
@@ -373,13 +381,13 @@ class HACRLModule(pl.LightningModule):
                 for key, value in ((f"{name}/rollout/logp_diff_mean", float(diffs[k, 0] / diffs[k, 1])),
                                    (f"{name}/rollout/logp_diff_max", float(maxima[k])))}
 
-    def update_learner(self, k: int, name: str, view: AgentView, plan: StepPlan, tables: LearnerTables, *,
-                       grad_share: bool = False) -> dict[str, float]:
+    def update_learner(self, k: int, name: str, view: AgentView, plan: StepPlan, tables: LearnerTables,
+                       lowers: tuple[float, ...], *, grad_share: bool = False) -> dict[str, float]:
         """All mini-batch updates of learner k (`name`) in this step, over its view and plan with its
-        tables (`LearnerTables.of_step`); returns its metrics that need no reduction over ranks and adds
-        the loss metrics to `self.loss_stats`. `grad_share`: first measure the gradient share of cross
-        responses (`grad_share.py`, before the update and without changing it). A public seam: tests wrap
-        it to watch one learner's update.
+        tables (`LearnerTables.of_step`), mini-batch m with the cross lower bound `lowers[m]`; returns its
+        metrics that need no reduction over ranks and adds the loss metrics to `self.loss_stats`.
+        `grad_share`: first measure the gradient share of cross responses (`grad_share.py`, before the
+        update and without changing it). A public seam: tests wrap it to watch one learner's update.
 
         Each mini-batch is normalised over the *global* mini-batch (its sequences, or its tokens for
         token-mean), and this rank's loss is scaled by the world size because FSDP averages gradients
@@ -388,7 +396,6 @@ class HACRLModule(pl.LightningModule):
         opts, scheds = self._optimizers()
         opt, sched = opts[name], scheds[name]
         token_level = self.alg.ratio_level == "token"
-        lowers = [self.clip_schedule.lower(m) for m in range(len(plan))]                   # Eq. 14, the callback's
         diagnostics = {}
         if grad_share:
             start = time.perf_counter()
@@ -425,7 +432,7 @@ class HACRLModule(pl.LightningModule):
                 f"{name}/degenerate/zero_adv_frac":
                     float((tables.advantages[order] == 0).float().mean()) if len(order) else 0.0}
 
-    def _backward(self, agent: Agent, view: AgentView, plan: StepPlan, tables: LearnerTables, lowers: list[float],
+    def _backward(self, agent: Agent, view: AgentView, plan: StepPlan, tables: LearnerTables, lowers: tuple[float, ...],
                   m: int, micro_batch: MicroBatch, part: str | None = None):
         """One pass of the update (or of `part` of it, "self" or "cross"): the forward of `micro_batch`'s rows
         of mini-batch m, `hacpo_loss` normalised over the global mini-batch, and the backward of the loss

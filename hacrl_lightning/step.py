@@ -1,28 +1,43 @@
-"""The contract of one training step between its producer (the DataModule) and its consumer (the module).
+"""The contract of one training step, which flows one way: DataModule -> callbacks -> module.
 
-`StepBatch` is the step whole (rollouts, rewards, each learner's token view), `RolloutSource` what
-hands it to the module (`RolloutDataModule.rollout`; the module is given its source the way it is
-given its clip schedule), and `step_seed` the seeds every part of a step draws from (run seed,
-training step, salt), so a resumed run and every rank draw the same ones.
-Deliberately not here: producing a step (datamodule.py) or training on it (module.py).
+`PromptBatch` is what the loader serves (the step's index and this rank's prompts); `StepBatch` the
+step whole, made from it by the DataModule (`RolloutDataModule.on_after_batch_transfer`: rollouts,
+rewards, each learner's token view), to which the callbacks add the step's values at
+`on_train_batch_start` (`CapabilityCallback`: omega; `StepwiseClipCallback`: the cross lower bound of
+each mini-batch) before the module trains on it; and `step_seed` the seeds every part of a step draws
+from (run seed, training step, salt), so a resumed run and every rank draw the same ones.
+Deliberately not here: producing a step (datamodule.py), its values (callbacks/) or training on it
+(module.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Optional
 
 import torch
 
 from hacrl_lightning.agents.exchange import AgentView, Rollout
 from hacrl_lightning.data.records import Example
 
-__all__ = ["RolloutSource", "StepBatch", "step_seed"]
+__all__ = ["PromptBatch", "StepBatch", "step_seed"]
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:
     """A reproducible seed for (run seed, training step, salt) that stays within 63 bits."""
     return (seed * 1_000_003 + step * 10_007 + salt * 101 + 17) % (2**63 - 1)
+
+
+@dataclass
+class PromptBatch:
+    """Batch `step` of the train loader: this rank's share of the step's prompts (`StepBatchSampler`)."""
+
+    step: int
+    """The training step (0-based) these prompts are for."""
+    examples: list[Example]
+
+    def __len__(self) -> int:
+        return len(self.examples)
 
 
 @dataclass
@@ -40,15 +55,19 @@ class StepBatch:
     """The reward pool's counters (timeouts, crashes) summed over ranks."""
     timings: dict[str, float] = field(default_factory=dict)
     """This rank's seconds of generation (`rollout`), scoring (`reward`) and retokenization (`exchange`)."""
+    step: int = 0
+    """The training step (0-based)."""
+    started: float = 0.0
+    """`time.perf_counter()` when the DataModule began making this step: where its clock starts (`StepTimer`)."""
+    omega: Optional[torch.Tensor] = None                                             # [n, n]
+    """The step's capability ratios omega[i, j], handed forward by `CapabilityCallback` (None until then)."""
+    cross_lower: Optional[tuple[float, ...]] = None
+    """The cross-ratio lower bound of mini-batch m = 0, 1, ... of any learner this step (Eq. 14), handed
+    forward by `StepwiseClipCallback` (None until then); as many as the longest plan can have."""
+
+    def __len__(self) -> int:
+        return len(self.examples)
 
     @property
     def group_size(self) -> int:
         return self.rewards.shape[2]
-
-
-class RolloutSource(Protocol):
-    """Where the module's training steps come from (`datamodule.RolloutDataModule`)."""
-
-    def rollout(self, examples: Sequence[Example], *, step: int) -> StepBatch:
-        """Training step `step` (0-based) on this rank's prompt batch `examples`, gathered over ranks."""
-        ...

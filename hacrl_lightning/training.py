@@ -95,18 +95,19 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
     agents = load_agents(cfg, task)
     names = list(agents)
     window = CapabilityWindow(len(names), **cfg.algorithm.capability_settings())
-    clip_schedule = StepwiseClipCallback(delta=cfg.algorithm.delta, delta_step=cfg.algorithm.delta_step)
+    settings = update_settings(cfg)
     datamodule = make_datamodule(cfg, agents, task, datamodule_class=datamodule_class)
-    module = HACRLModule(agents, algorithm=cfg.algorithm, update=update_settings(cfg), capability=window,
-                         clip_schedule=clip_schedule, rollouts=datamodule)
+    module = HACRLModule(agents, algorithm=cfg.algorithm, update=settings)
     roles = {"timer": StepTimer(started=started),
              "evaluation": HeldOutEvalCallback(datamodule, every=cfg.trainer.eval_every,
                                                samples=cfg.trainer.eval_samples),
              "stop": StopOnSignal()}
     callbacks = [
         roles["stop"],  # first: a signal during the initial evaluation already counts as "stop after this step"
+        # before each step, in this order or any: they hand the step's omega and clip bounds forward on its batch
         CapabilityCallback(window, names),
-        clip_schedule,
+        StepwiseClipCallback(delta=cfg.algorithm.delta, delta_step=cfg.algorithm.delta_step,
+                             mini_batch_size=settings.mini_batch_size),
         WeightSyncCallback(datamodule),
         roles["timer"],  # after weight sync (part of a step), before evaluation (not part of it)
         *([] if interactive() else [PlainProgress(every=cfg.trainer.progress_every, steps=cfg.trainer.steps,

@@ -28,7 +28,7 @@ from lightning.pytorch import Callback
 REPO = Path(__file__).resolve().parents[1]
 
 import hacrl_lightning.module as module_mod  # noqa: E402
-from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback  # noqa: E402
+from hacrl_lightning.callbacks.capability import CapabilityCallback  # noqa: E402
 from hacrl_lightning.cli import compose_config  # noqa: E402
 from hacrl_lightning.datamodule import RolloutDataModule  # noqa: E402
 from hacrl_lightning.training import train  # noqa: E402
@@ -64,6 +64,7 @@ class Record(Callback):
 
     def on_train_start(self, trainer, pl_module):
         self.initial = self._weights(pl_module)
+        (self.window,) = [c.window for c in trainer.callbacks if isinstance(c, CapabilityCallback)]
 
     @staticmethod
     def _weights(pl_module) -> dict:
@@ -92,7 +93,7 @@ class Record(Callback):
             "weights": self._weights(pl_module),
             "updates": {name: c["optimizer_updates"] for name, c in pl_module.counters.items()},
             "responses": {name: c["responses_trained"] for name, c in pl_module.counters.items()},
-            "capability": [list(h) for h in pl_module.capability.history],
+            "capability": [list(h) for h in self.window.history],
             "metrics": dict(pl_module.last_metrics),
             "grads": self.grads,
             "layout": {"num_nodes": trainer.num_nodes, "node_rank": trainer.node_rank,
@@ -101,21 +102,18 @@ class Record(Callback):
 
 
 def spy_on_m() -> dict:
-    """Record, per learner, the m of every mini-batch, as the module asks the clip schedule for its
-    bound (the real schedule answers); returns the holder whose `calls` the caller resets for each run."""
-    real_lower, real_update = StepwiseClipCallback.lower, module_mod.HACRLModule.update_learner
-    state: dict = {"calls": {}, "name": None}
+    """Record, per learner, the m of every pass of its update (`HACRLModule._backward`; the gradient-share
+    diagnostic's passes, which name their part, left out); returns the holder whose `calls` the caller resets
+    for each run."""
+    real_backward = module_mod.HACRLModule._backward
+    state: dict = {"calls": {}}
 
-    def lower_spy(schedule, m):
-        state["calls"].setdefault(state["name"], []).append(m)
-        return real_lower(schedule, m)
+    def backward_spy(module, agent, view, plan, tables, lowers, m, micro_batch, part=None):
+        if part is None:
+            state["calls"].setdefault(agent.name, []).append(m)
+        return real_backward(module, agent, view, plan, tables, lowers, m, micro_batch, part)
 
-    def update_spy(module, k, name, *args, **kwargs):
-        state["name"] = name
-        return real_update(module, k, name, *args, **kwargs)
-
-    StepwiseClipCallback.lower = lower_spy
-    module_mod.HACRLModule.update_learner = update_spy
+    module_mod.HACRLModule._backward = backward_spy
     return state
 
 

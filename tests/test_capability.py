@@ -104,3 +104,42 @@ def test_capability_settings_are_the_algorithm_fields():
     cfg = get_preset("hacpo")
     window = CapabilityWindow(2, **cfg.capability_settings())
     assert (window.window, window.floor, window.warmup_steps, window.clamp) == (5, 1e-8, 0, (0.1, 10.0))
+
+
+def _step(rewards):
+    """A StepBatch holding only what the step-start callbacks read: rewards [P, n, G], one view per agent."""
+    from types import SimpleNamespace
+
+    from hacrl_lightning.step import StepBatch
+
+    rewards = torch.tensor(rewards, dtype=torch.float32)
+    views = {f"a{j}": SimpleNamespace(row_idx=torch.arange(rewards.numel())) for j in range(rewards.shape[1])}
+    return StepBatch(examples=[], rollouts=[], rewards=rewards, views=views)
+
+
+def test_the_capability_callback_feeds_its_window_hands_omega_forward_and_round_trips_its_state():
+    from hacrl_lightning.callbacks import CapabilityCallback
+
+    callback = CapabilityCallback(CapabilityWindow(2, window=2), ["a0", "a1"])
+    first, second, third = _step([[[1, 0], [1, 1]]]), _step([[[0, 0], [1, 0]]]), _step([[[1, 1], [0, 0]]])  # P=1, n=2, G=2
+    callback.on_train_batch_start(None, None, first, 0)      # acc = (0.5, 1.0)
+    callback.on_train_batch_start(None, None, second, 1)     # acc = (0.0, 0.5): window means (0.25, 0.75)
+    torch.testing.assert_close(second.omega, torch.tensor([[1.0, 1 / 3], [3.0, 1.0]]))
+    restored = CapabilityCallback(CapabilityWindow(2, window=2), ["a0", "a1"])
+    restored.load_state_dict(json.loads(json.dumps(callback.state_dict())))  # plain values
+    again = _step([[[1, 1], [0, 0]]])
+    callback.on_train_batch_start(None, None, third, 2)      # acc = (1, 0): window (0.5, 0.25) on both
+    restored.on_train_batch_start(None, None, again, 2)
+    torch.testing.assert_close(third.omega, torch.tensor([[1.0, 2.0], [0.5, 1.0]]))
+    assert torch.equal(again.omega, third.omega) and restored.state_dict() == callback.state_dict()
+    with pytest.raises(ValueError, match="resume with the same agents"):
+        CapabilityCallback(CapabilityWindow(2), ["a1", "a0"]).load_state_dict(callback.state_dict())
+
+
+def test_the_clip_schedule_callback_hands_one_bound_per_possible_mini_batch_forward():
+    from hacrl_lightning.callbacks import StepwiseClipCallback
+
+    step = _step([[[0, 1, 0], [1, 1, 0]]] * 4)                  # P = 4, n = 2, G = 3: 24 rows per view
+    StepwiseClipCallback(delta=0.2, delta_step=0.1, mini_batch_size=5).on_train_batch_start(None, None, step, 0)
+    # ceil(24 / 5) = 5 mini-batches; min(1, 0.8 + 0.1 m), the last two held at 1
+    assert step.cross_lower == pytest.approx((0.8, 0.9, 1.0, 1.0, 1.0))

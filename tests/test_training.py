@@ -129,7 +129,7 @@ def test_the_clip_schedule_callback_is_the_one_source_of_the_cross_bound(tmp_pat
     cfg = config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=1")
     module, datamodule, callbacks, _ = build_system(cfg, Path(cfg.run_dir))
     (schedule,) = [c for c in callbacks if isinstance(c, StepwiseClipCallback)]
-    assert module.clip_schedule is schedule and cfg.algorithm.delta_step == 0.025
+    assert cfg.algorithm.delta_step == 0.025
     schedule.delta_step = 0.1
     build_trainer(cfg, Path(cfg.run_dir), callbacks).fit(module, datamodule=datamodule)
     for name in ("tiny_a", "tiny_b"):  # 2 agents x 4 prompts / 2 prompts per mini-batch = 4 mini-batches
@@ -166,6 +166,35 @@ def test_exact_resume(tmp_path, zoo_cache):
         for key in ("rollouts_generated", "responses_trained", "optimizer_updates"):
             assert straight["agents"][name][key] == resumed["agents"][name][key]
         assert straight["agents"][name]["final"] == resumed["agents"][name]["final"]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_before_the_callbacks_handed_their_values_forward_resumes_exactly(tmp_path, zoo_cache):
+    """`fixtures/checkpoint_state_bdd488b.pt` is everything but the weights and optimizer state (callbacks, loops,
+    LR schedules, the module's extras) of the step-2 checkpoint that `test_exact_resume`'s interrupted run wrote
+    at commit bdd488b, when the module still fed the capability window itself and asked the clip schedule for
+    each bound. The weights' and optimizer's format did not change since, so they come from this code's own
+    step-2 checkpoint of the same run; resumed from that mix, the run ends exactly where a straight run ends."""
+    straight = train(config(tmp_path / "a", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4"))
+    first = config(tmp_path / "b", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4", "trainer.checkpoint_every=2")
+    train(first, extra_callbacks=[StopAfter(2)])
+    path = latest_checkpoint(tmp_path / "b" / "run")
+    checkpoint = torch.load(path, weights_only=False)
+    old = torch.load(REPO / "tests" / "fixtures" / "checkpoint_state_bdd488b.pt", weights_only=True)
+    assert set(old) == set(checkpoint) - {"state_dict", "optimizer_states"}
+    assert old["callbacks"]["CapabilityCallback"]["window"]["steps"] == 2
+    checkpoint.update(old)
+    torch.save(checkpoint, path)
+    resumed = train(config(tmp_path / "b", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4",
+                           f"resume={tmp_path / 'b' / 'run'}"))
+    assert resumed["steps"] == 4
+    ckpt_a = torch.load(latest_checkpoint(tmp_path / "a" / "run"), weights_only=False)
+    ckpt_b = torch.load(latest_checkpoint(tmp_path / "b" / "run"), weights_only=False)
+    for key, value in ckpt_a["state_dict"].items():
+        assert torch.equal(value, ckpt_b["state_dict"][key]), key
+    assert _same_callback_state(ckpt_a, ckpt_b)
+    for name in ("tiny_a", "tiny_b"):
+        assert straight["agents"][name]["optimizer_updates"] == resumed["agents"][name]["optimizer_updates"]
 
 
 def _same_callback_state(a, b) -> bool:
@@ -240,17 +269,13 @@ def test_two_process_fsdp_over_gloo_steps_saves_and_resumes(tmp_path, zoo_cache)
 
 @pytest.mark.slow
 def test_kl_to_a_frozen_reference_only_when_beta_is_positive(tmp_path, zoo_cache):
-    from hacrl_lightning.algorithms import CapabilityWindow
-    from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
     from hacrl_lightning.module import HACRLModule
-    from hacrl_lightning.training import load_agents, make_datamodule, update_settings
+    from hacrl_lightning.training import load_agents, update_settings
 
     cfg = config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "algorithm.kl_coef=0.001", "trainer.steps=1")
     initial = load_agents(cfg)
     no_kl = config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]")
-    module = HACRLModule(initial, algorithm=no_kl.algorithm, update=update_settings(no_kl), capability=CapabilityWindow(2),
-                         clip_schedule=StepwiseClipCallback(delta=0.2, delta_step=0.025),
-                         rollouts=make_datamodule(no_kl, initial))
+    module = HACRLModule(initial, algorithm=no_kl.algorithm, update=update_settings(no_kl))
     assert len(module.references) == 0
     captured = {}
 

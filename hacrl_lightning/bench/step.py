@@ -219,7 +219,7 @@ def instrument(module, datamodule, callbacks: list, memory, warmup: int) -> tupl
     module.phase_listeners.append(memory.mark)
     datamodule.phase_listeners.append(memory.mark)
     (sync,) = [c for c in callbacks if isinstance(c, WeightSyncCallback)]
-    recorder = StepRecorder(sync, memory, warmup)
+    recorder = StepRecorder(module, sync, memory, warmup)
     datamodule.counts = recorder
     at = callbacks.index(sync)
     callbacks = [recorder, *callbacks[:at], PhaseMark(memory, "weight_sync"), sync, PhaseMark(memory, "logging"),
@@ -240,6 +240,7 @@ def fixed_length_datamodule():
             return replace(settings, min_new_tokens=settings.max_new_tokens)
 
         def rollout(self, examples, *, step):
+            self.counts.begin()  # a step begins with its rollouts
             batch = super().rollout(examples, step=step)
             self.counts.current["rollout_tokens"] = sum(len(r.token_ids) for r in batch.rollouts)
             # every row is trained (cross_samples_per_prompt=all)
@@ -265,43 +266,44 @@ class PhaseMark(Callback):
 
 
 class StepRecorder(Callback):
-    """Step wall time from one on_train_batch_start to the next (everything a step costs); in the untimed
-    warm-up steps, a search for stray weight copies at every phase boundary."""
+    """Step wall time from the start of one step's rollouts to the next's (everything a step costs: `begin`,
+    called by `fixed_length_datamodule`'s `rollout`); in the untimed warm-up steps, a search for stray weight
+    copies at every phase boundary."""
 
-    def __init__(self, sync, memory: PhaseMemory, warmup: int):
-        self.sync, self.memory, self.warmup = sync, memory, warmup
+    def __init__(self, module, sync, memory: PhaseMemory, warmup: int):
+        self.module, self.sync, self.memory, self.warmup = module, sync, memory, warmup
         self.steps: list[dict] = []
         self.current: dict = defaultdict(float)
         self.copies: list[str] = []
         self._start = None
 
-    def _close(self, pl_module) -> None:
+    def _close(self) -> None:
         if self._start is None:
             return
         row = dict(self.current)
         row["step_s"] = time.perf_counter() - self._start
         row["cpu_s"] = time.process_time() - self._cpu_start
-        metrics = pl_module.last_metrics
+        metrics = self.module.last_metrics
         for phase in ("rollout", "reward", "exchange", "old_logprobs", "update"):
             row[phase] = float(metrics[f"time/{phase}"])
         row["weight_sync"] = self.sync.last_seconds
         row["logging"] = row["step_s"] - sum(row[p] for p in PHASES[:-1])
         self.steps.append(row)
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._close(pl_module)
-        self.memory.scan = (lambda: self._scan(pl_module)) if len(self.steps) < self.warmup else None
+    def begin(self) -> None:
+        """A step begins (the DataModule starts its rollouts; it marks the phase): the one before ends here."""
+        self._close()
+        self.memory.scan = self._scan if len(self.steps) < self.warmup else None
         self.current = defaultdict(float)
-        self.memory.mark("rollout")
         self._start, self._cpu_start = time.perf_counter(), time.process_time()
 
-    def _scan(self, pl_module) -> None:
-        copies = weight_copies(pl_module.agents.values(), pl_module.trainer.optimizers)
+    def _scan(self) -> None:
+        copies = weight_copies(self.module.agents.values(), self.module.trainer.optimizers)
         if len(copies) > len(self.copies):
             self.copies = copies + [f"(found at the start of phase {self.memory.label})"]
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._close(pl_module)
+        self._close()
         self._start = None
 
 

@@ -1,8 +1,9 @@
 """The Lightning callbacks of a run, nine of them, each owning one concern at its hooks:
 
 - `CapabilityCallback` (`capability.py`): the capability window's state, updated once per step over the
-  global batch and saved in checkpoints;
-- `StepwiseClipCallback` (`clip_schedule.py`): the cross-ratio lower bound of each mini-batch (Eq. 14);
+  global batch before the update (it hands the step's omega forward on the batch) and saved in checkpoints;
+- `StepwiseClipCallback` (`clip_schedule.py`): the cross-ratio lower bound of each mini-batch (Eq. 14),
+  handed forward on the step's batch before the update;
 - `WeightSyncCallback` (`weight_sync.py`): pushes every agent's new weights to its rollout engine (the
   DataModule's engines);
 - `HeldOutEvalCallback` (`evaluation.py`): greedy held-out accuracy through the DataModule's `evaluate`;
@@ -15,7 +16,8 @@
 - `PlainProgress` (`progress.py`): a progress line per step on stdout when it is not a terminal;
 - `ConfigHParams` (`hparams.py`): the resolved config as TensorBoard hparams.
 
-So callbacks reach beyond the module: the engines, the DataModule, the disk, stdout, the loggers and
+Data flows one way: the DataModule makes a step, the callbacks complete it at `on_train_batch_start`, the
+module trains on it and calls no callback. So callbacks reach beyond the module: the engines, the DataModule, the disk, stdout, the loggers and
 the process's signal handlers. Metrics they log go through the module's `report` (`ConfigHParams`
 writes its summary to the loggers itself); the math lives in
 `hacrl_lightning.algorithms`. Deliberately not here: building the callback list of a run and its order

@@ -1,9 +1,10 @@
-"""Capability window callback: saves each agent's accuracy window in checkpoints and logs it.
+"""Capability window callback: the one owner of each agent's accuracy window (docs/spec.md §2-3).
 
-`train()` builds one `CapabilityWindow` and hands it to both the module (which feeds it each step's
-accuracy over the *global* batch, between scoring and advantages, docs/spec.md §7 step 4) and this
-callback, which owns its persistence: it restores the window on resume and reports
-`{agent}/capability` once per step. The math lives in `hacrl_lightning.algorithms.capability`.
+At `on_train_batch_start`, before the module trains on the step, it adds the step's accuracy over the
+*global* batch (`step_accuracy` of the `StepBatch`'s rewards, docs/spec.md §7 step 4) to its window and
+hands the step's omega forward on the batch (`StepBatch.omega`); the module reads it there and never calls
+back. Its state is its own `state_dict` (Lightning checkpoints it; a resumed run continues the window),
+and it reports `{agent}/capability` once per step. The math lives in `hacrl_lightning.algorithms.capability`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from hacrl_lightning.algorithms.capability import CapabilityWindow
+from hacrl_lightning.algorithms.capability import CapabilityWindow, step_accuracy
+from hacrl_lightning.step import StepBatch
 
 
 class CapabilityCallback(Callback):
@@ -21,6 +23,10 @@ class CapabilityCallback(Callback):
             raise ValueError(f"a window of {window.n_agents} agents for {len(agent_names)} agent names")
         self.window = window
         self.agent_names = list(agent_names)
+
+    def on_train_batch_start(self, trainer, pl_module, batch: StepBatch, batch_idx) -> None:
+        self.window.update(step_accuracy(batch.rewards))                                    # [n]
+        batch.omega = self.window.omega()                                                   # [n, n]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         caps = self.window.capabilities().tolist()

@@ -1,4 +1,5 @@
-"""The run's clocks: wall time in training steps (rollout through update) apart from evaluation, and
+"""The run's clocks: wall time in training steps (rollout through update: from `StepBatch.started`) apart
+from evaluation, and
 the run's whole wall time across sessions (start-up included; a resumed run adds the time of the
 sessions before, up to their checkpoint), with the run's first start.
 
@@ -37,7 +38,8 @@ class StepTimer(Callback):
         return self.earlier_wall_s + time.time() - self.session_start
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._start = time.perf_counter()
+        # the step began when the DataModule started making it (its rollouts), before this hook
+        self._start = getattr(batch, "started", None) or time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._start is not None:
