@@ -10,7 +10,8 @@ light module such as `hacrl_lightning.config`, imports neither torch, Lightning 
 modules: `config` (typed configs, value checks), `errors`, `presets` (algorithms by name),
 `preflight` (name, file and tokenizer checks), `hub` (the model hub as this machine sees it),
 `cli` (Hydra composition, the only module that imports Hydra), `entry` (the console scripts),
-`agents`, `rollout`, `rewards`, `data`, `algorithms` (pure tensor functions), `plan` (a step's global
+`agents`, `rollout`, `rewards`, `data`, `algorithms` (pure tensor functions), `reference` (one HACPO
+step top to bottom in plain PyTorch + transformers: read it first), `plan` (a step's global
 plan of mini-batches), `memory` (the per-GPU memory plan of a run), `loss_stats` (loss metrics reduced
 over micro-batches and ranks), `step` (a training step's contract: `PromptBatch`, `StepBatch`),
 `update` (the update's micro-batch passes and loss inputs), `grad_share` (the gradient-share

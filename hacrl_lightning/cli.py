@@ -454,17 +454,48 @@ def save_resolved(dcfg: DictConfig, run_dir: Path, name: str = "config.yaml") ->
     return write_atomically(run_dir / name, OmegaConf.to_yaml(dcfg, resolve=True))
 
 
+TRAIN_SETTINGS = {"agents": (schema.AgentConfig, "agents.<key>."), "algorithm": (schema.AlgorithmConfig, "algorithm."),
+                  "pair": (schema.PairConfig, "pair."), "rollout": (schema.RolloutConfig, "rollout."),
+                  "data": (schema.DataConfig, "data."), "trainer": (schema.TrainerConfig, "trainer."),
+                  "run": (schema.TrainConfig, "")}
+"""`scripts/train.py --help <topic>`: the config dataclass of each section and how its keys are spelled."""
+EVALUATE_SETTINGS = {"settings": (schema.EvaluateConfig, "")}
+"""`scripts/evaluate.py --help settings`."""
+
+
 def wants_help(argv: Sequence[str]) -> bool:
     return any(arg in ("-h", "--help") for arg in argv)
 
 
-def help_text(doc: str, *, groups: Sequence[str] = (), path_key: str = "run_dir") -> str:
-    """A script's `--help`: its docstring, the presets of each config group in `groups`, and the flags."""
+def help_topic(argv: Sequence[str]) -> str | None:
+    """The word after -h/--help (`--help trainer`), if one is there and is not an override."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg in ("-h", "--help") and "=" not in argv[i + 1] and not argv[i + 1].startswith("-"):
+            return argv[i + 1]
+    return None
+
+
+def settings_text(topic: str, topics: Dict[str, Any]) -> str:
+    """`--help <topic>`: every setting of the topic's config section, its type, default and what it does
+    (the field docstrings of `hacrl_lightning.config`, the one place a setting is declared)."""
+    if topic not in topics:
+        raise ConfigError([Problem("--help", topic, f"one of {list(topics)}", f"e.g. --help {next(iter(topics))}")])
+    cls, prefix = topics[topic]
+    title = "settings" if topic == "settings" else f"{topic} settings"
+    return "\n".join([f"{title} (set with {prefix}<name>=<value>):", *schema.settings_help(cls, prefix)])
+
+
+def help_text(doc: str, *, groups: Sequence[str] = (), path_key: str = "run_dir",
+              topics: Dict[str, Any] | None = None) -> str:
+    """A script's `--help`: its docstring, the presets of each config group in `groups`, where each setting
+    is described (`--help <topic>` of `topics`), and the flags."""
     lines = [doc.strip(), ""]
     if groups:
         lines.append("Presets (choose with <group>=<name>, e.g. algorithm=gspo_x2; agents=[a,b] picks several):")
         lines += [f"  {group}: {', '.join(group_options(group))}" for group in groups if (CONFIG_DIR / group).is_dir()]
         lines.append("")
+    if topics:
+        lines += [f"Each setting, its default and what it does: --help <{'|'.join(topics)}>", ""]
     lines += ["Every key and its value: --cfg job. A value with =, ',', ~ or non-ASCII letters: quote it for Hydra",
               f"and the whole argument for the shell, e.g. \"{path_key}='runs/lr=1e-4,seed=0'\".",
               "Flags: --cfg job (print the composed config and exit), -h/--help. Hydra's -m/--multirun is not",

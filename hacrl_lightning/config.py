@@ -14,13 +14,120 @@ file or a tokenizer (`preflight.check_run`). `preflight.validate(cfg)` runs the 
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+import textwrap
+import typing
+from dataclasses import MISSING as NO_DEFAULT, asdict, dataclass, field, fields, is_dataclass
+from functools import lru_cache
+from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import MISSING
 
 from hacrl_lightning.errors import UNKNOWN_KEY, Checks, ConfigError, Problem, suggest  # noqa: F401  (re-exported)
+
+# ---------------------------------------------------------------------------------------------------
+# a setting's facts, declared once beside its field
+
+
+FACTS = ("reader", "keyword", "harmless", "implied", "location", "unhashed")
+"""What a field may say about itself (`setting`); the lists the rest of the package uses are derived from them."""
+
+
+def setting(default: Any = NO_DEFAULT, *, factory: Any = NO_DEFAULT, reader: Optional[str] = None,
+            keyword: Optional[str] = None, harmless: bool = False, implied: Any = NO_DEFAULT,
+            location: bool = False, unhashed: bool = False) -> Any:
+    """A config field with its facts, declared once beside it (as `dataclasses.field` metadata):
+
+    - `reader`: which part of the code takes it (`AlgorithmConfig`: loss, advantage, capability or trainer);
+      `keyword`: its keyword there when the name differs (`algorithm.omega_factor` is `hacpo_loss(use_omega=)`);
+    - `harmless`: a resume may change it (it only changes how the run is watched or kept, `resume.py`);
+    - `implied`: the value a run saved before the field existed trained with (such a run resumes as if it
+      held it);
+    - `location`: where a run lives or reads from, not how it trains (left out when runs are compared);
+    - `unhashed`: changes nothing a run computes or reports (left out of a comparison's hash, `experiments.py`).
+    """
+    facts: Dict[str, Any] = {}
+    for key, value, unset in (("reader", reader, None), ("keyword", keyword, None), ("harmless", harmless, False),
+                              ("implied", implied, NO_DEFAULT), ("location", location, False),
+                              ("unhashed", unhashed, False)):
+        if value is not unset:
+            facts[key] = value
+    if factory is not NO_DEFAULT:
+        return field(default_factory=factory, metadata=facts)
+    return field(default=default, metadata=facts)
+
+
+def _leaf_fields(root: type, prefix: str = ""):
+    """(dotted key, field) of every leaf setting under the config dataclass `root`; a dict of dataclasses
+    (`agents`) stands for any key, written `*` (`agents.*.lr`)."""
+    hints = typing.get_type_hints(root)
+    for f in fields(root):
+        kind = hints[f.name]
+        args = typing.get_args(kind)
+        if is_dataclass(kind):
+            yield from _leaf_fields(kind, f"{prefix}{f.name}.")
+        elif typing.get_origin(kind) in (dict, Dict) and len(args) == 2 and is_dataclass(args[1]):
+            yield from _leaf_fields(args[1], f"{prefix}{f.name}.*.")
+        else:
+            yield f"{prefix}{f.name}", f
+
+
+@lru_cache(maxsize=None)
+def setting_keys(fact: str, root: Optional[type] = None) -> Tuple[str, ...]:
+    """The dotted keys (glob patterns for agents: `agents.*.lr`) of every setting under `root` (default:
+    `TrainConfig`) whose `fact` is set (`setting`)."""
+    if fact not in FACTS:
+        raise ValueError(f"unknown fact {fact!r}: known {list(FACTS)}")
+    return tuple(key for key, f in _leaf_fields(root or TrainConfig) if f.metadata.get(fact))
+
+
+@lru_cache(maxsize=None)
+def implied_values(root: Optional[type] = None) -> Dict[str, Any]:
+    """{dotted key: the value a run saved before the setting existed trained with} (`setting(implied=)`)."""
+    return {key: f.metadata["implied"] for key, f in _leaf_fields(root or TrainConfig) if "implied" in f.metadata}
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls: type) -> Dict[str, str]:
+    """{field: its docstring} of a config dataclass, from the string literal under each field in the source
+    (a field without one is absent: tests/test_config.py requires one for every field)."""
+    docs: Dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not is_dataclass(klass) or klass is object:
+            continue
+        (node,) = ast.parse(textwrap.dedent(inspect.getsource(klass))).body
+        body = node.body
+        for stmt, after in zip(body, body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def settings_help(cls: type, prefix: str = "") -> List[str]:
+    """Lines for `--help <group>`: every setting of `cls` as `prefix + name`, its type and default, and its
+    docstring (a nested config dataclass is named with the `--help` that lists it)."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    lines = []
+    for f in fields(cls):
+        kind = hints[f.name]
+        if f.default is not NO_DEFAULT:
+            default = "required" if f.default == MISSING else repr(f.default)
+        elif f.default_factory is not NO_DEFAULT:
+            default = repr(f.default_factory())
+        else:
+            default = "required"
+        shown = kind.__name__ if typing.get_origin(kind) is None and hasattr(kind, "__name__") else \
+            str(kind).replace("typing.", "")
+        if is_dataclass(kind) or typing.get_origin(kind) in (dict, Dict) and is_dataclass(typing.get_args(kind)[-1]):
+            lines.append(f"  {prefix}{f.name}: see --help {f.name}")
+            continue
+        lines.append(f"  {prefix}{f.name} ({shown}, default {default})")
+        lines += [f"      {line}" for line in docs.get(f.name, "(no description)").splitlines()]
+    return lines
 
 
 @dataclass
@@ -37,11 +144,14 @@ class AgentConfig:
     tokenizer: Optional[str] = None
     """Tokenizer source when it differs from `model` (same forms as `model`)."""
     revision: Optional[str] = None
+    """A hub revision (branch, tag or commit) of `model` (null: the default branch)."""
     dtype: str = "float32"
     """The agent's compute dtype (float32, bfloat16 or float16): what it is served in (vLLM, evaluation,
     exports). Training keeps fp32 master weights and AdamW state whatever this says; its compute dtype
     is `trainer.precision` (bf16-mixed: bf16 forward passes and rollouts), see docs/training.md."""
     trust_remote_code: bool = False
+    """Run the code a model folder or hub model ships (transformers' `trust_remote_code`): only for a source
+    you trust, and only from the command line or your own agent file, never from a saved run."""
     max_prompt_len: int = 256
     """Prompt tokens kept (left-truncated) in this agent's own tokenization."""
     max_response_len: int = 64
@@ -51,24 +161,32 @@ class AgentConfig:
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     """Extra variables for the chat template, e.g. {enable_thinking: false} for Qwen3."""
     system_prompt: Optional[str] = None
+    """A system message put before every prompt in the chat template (null: none)."""
     # optimizer (AdamW) and schedule
     lr: float = 1e-6
+    """AdamW learning rate (the paper's 1e-6 for real models; the tiny zoo agents use 1e-4)."""
     weight_decay: float = 0.0
+    """AdamW weight decay (verl's default 0.01 in the paper's runs)."""
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW (beta1, beta2)."""
     lr_warmup_steps: int = 0
     """Linear learning-rate warm-up over this many optimizer updates of this agent."""
     grad_clip: float = 1.0
     """Gradient-norm clip per agent (docs/spec.md §6); 0 disables it."""
     # sampling (HF defaults would add top_k=50: these are explicit)
     temperature: float = 1.0
+    """Sampling temperature of rollouts; the trainer's log-probs use the same one."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with this much probability (1.0: off)."""
     top_k: int = 0
     """0 means no top-k filtering."""
     # vLLM engine
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: float = setting(0.3, harmless=True)
     """vLLM backend: this agent's engine's share of the GPU's memory (vLLM's own setting); on vLLM's CPU
     build, the share of the machine's memory its KV cache takes."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = setting(False, harmless=True)
+    """Recompute activations in the backward pass (less memory, about a third more compute); the
+    update is the same."""
 
 
 @dataclass
@@ -76,77 +194,77 @@ class AlgorithmConfig:
     """The RL algorithm. `name` is a preset of `hacrl_lightning.presets` (docs/spec.md §9);
     each preset is also a file in `configs/algorithm/`. The defaults are the paper's HACPO, and this class
     is their one source: `configs/algorithm/hacpo.yaml` sets only the name, and every other file only
-    what its preset changes (docs/algorithms.md, "How to add an algorithm setting")."""
+    what its preset changes (docs/algorithms.md, "How to add a setting")."""
 
-    name: str = "hacpo"
+    name: str = setting("hacpo", reader="trainer")
     """The preset this section was loaded from (chosen with `algorithm=<name>`, which loads its values;
     setting `algorithm.name=` directly is refused). Logged and shown; the trainer never branches on it."""
-    share_rollouts: bool = True
+    share_rollouts: bool = setting(True, reader="trainer")
     """True: every learner trains on every agent's responses (HACPO, naive). False: agents train
     side by side on their own responses only (grpo, gspo, gspo_x2)."""
-    advantage: str = "hacpo"
+    advantage: str = setting("hacpo", reader="advantage")
     """`hacpo` (capability-aware joint baseline, docs/spec.md §4) or `group` (own group mean/std, GRPO/GSPO)."""
-    capability_baseline: bool = True
+    capability_baseline: bool = setting(True, reader="advantage")
     """Weight partners' rewards by omega in the joint baseline (False: omega ≡ 1, `hacpo_no_adv`, `naive`)."""
-    scale_by_std: bool = True
+    scale_by_std: bool = setting(True, reader="advantage")
     """Divide the centred rewards by the std (+ 1e-6): the joint group's for `hacpo`, the own group's for
     `group` (docs/spec.md §4). False keeps only the centring (Dr. GRPO's choice)."""
-    baseline_guard: bool = True
+    baseline_guard: bool = setting(True, reader="advantage")
     """`hacpo` advantage: where the capability-weighted baseline mu[k, p] exceeds 1 (the top of the reward
     range) use the learner's own-group mean instead (the authors' code; docs/spec.md §4)."""
-    ratio_level: str = "sequence"
+    ratio_level: str = setting("sequence", reader="loss")
     """`sequence` (GSPO-style length-normalised ratio) or `token` (GRPO)."""
-    clip_low: float = 3e-4
+    clip_low: float = setting(3e-4, reader="loss")
     """Own-response ratio clip below: the range starts at 1 - clip_low (GSPO 3e-4, GRPO 0.2)."""
-    clip_high: float = 4e-4
+    clip_high: float = setting(4e-4, reader="loss")
     """Own-response ratio clip range [1 - clip_low, 1 + clip_high] (GSPO 4e-4, GRPO/DAPO's clip-higher 0.28)."""
-    dual_clip_c: Optional[float] = 3.0
+    dual_clip_c: Optional[float] = setting(3.0, reader="loss", implied=None)
     """Dual-clip of token-level ratios (verl's `clip_ratio_c`, default 3): where A < 0 and r > c the
     token's term is held at c·A, with no gradient. Applies to `ratio_level: token` (GRPO) only, as in
     verl, whose GSPO loss has none: sequence-level presets ignore it. 0 or null switches it off; else > 1."""
-    cross_loss: str = "hacpo"
+    cross_loss: str = setting("hacpo", reader="loss")
     """`hacpo` (Eqs. 12-14: asymmetric stepwise clamp, exponent alpha, omega factor) or `self`
     (the own-response clipped term applied to cross responses, `naive`)."""
-    alpha: float = 1.0
+    alpha: float = setting(1.0, reader="loss")
     """Exponent of the detached exponential importance weight (0 switches it off)."""
-    delta: float = 0.2
+    delta: float = setting(0.2, reader="trainer")
     """Initial cross-ratio lower bound is 1 - delta."""
-    delta_step: float = 0.025
+    delta_step: float = setting(0.025, reader="trainer")
     """The lower bound rises by delta_step per mini-batch (stepwise clipping)."""
-    cross_clip: bool = True
+    cross_clip: bool = setting(True, reader="loss")
     """Clamp the cross ratio to [lower_m, 1] (False: `hacpo_no_clip`)."""
-    omega_factor: bool = True
+    omega_factor: bool = setting(True, reader="loss", keyword="use_omega")
     """Multiply the cross term by omega[j, k] (False: `hacpo_no_omega`)."""
-    rollout_multiplier: int = 1
+    rollout_multiplier: int = setting(1, reader="trainer")
     """Responses per prompt are G * rollout_multiplier and mini-batches hold 1/rollout_multiplier
     of the prompts (gspo_x2 uses 2)."""
-    loss_agg_mode: str = "seq-mean-token-mean"
+    loss_agg_mode: str = setting("seq-mean-token-mean", reader="loss")
     """How `aggregate_loss` reduces per-token terms to a mini-batch loss, verl's names: `token-mean`
     (GRPO), `seq-mean-token-mean` (the paper's: the mean over sequences of each one's term),
     `seq-mean-token-sum`, `seq-mean-token-sum-norm` (Dr. GRPO, normalised by the agent's max response length)."""
-    kl_coef: float = 0.0
+    kl_coef: float = setting(0.0, reader="loss")
     """β of the KL penalty to a frozen reference (0 loads no reference model)."""
-    kl_estimator: str = "k3"
+    kl_estimator: str = setting("k3", reader="loss")
     """Per-token KL estimate to the reference when kl_coef > 0: `k1` (log p - log p_ref), `k2` (its square / 2)
     or `k3` (verl's low-variance `low_var_kl`, the authors' choice; `algorithms.kl_penalty`)."""
-    rollout_is_cap: float = 0.0
+    rollout_is_cap: float = setting(0.0, reader="loss", implied=0.0)
     """Truncated importance sampling of the rollout engine's mismatch (verl's `tis_imp_ratio_cap`, TRL's
     vLLM importance-sampling correction): each own response token's policy term is weighted by
     min(exp(log p_trainer_old - log p_engine), cap), detached. 0 switches it off (the default and the
     paper); verl and TRL suggest 2-3. Partners' responses are not weighted (their cross ratio is already
     taken against the source's own old log-probs)."""
-    capability_window: int = 5
+    capability_window: int = setting(5, reader="capability")
     """K: steps in the capability moving average (docs/spec.md §2)."""
-    capability_floor: float = 1e-8
+    capability_floor: float = setting(1e-8, reader="capability")
     """Lowest capability estimate: an agent with no correct response in the window gets this, so the
     ratios cap_k / cap_j stay finite (docs/spec.md §2)."""
-    capability_warmup_steps: int = 0
+    capability_warmup_steps: int = setting(0, reader="capability")
     """omega is all ones while the window has seen at most this many steps (0: only before the first)."""
-    omega_min: float = 0.1
+    omega_min: float = setting(0.1, reader="capability")
     """Lower clamp of every capability ratio omega[k, j] (the authors' code; docs/spec.md §3)."""
-    omega_max: float = 10.0
+    omega_max: float = setting(10.0, reader="capability")
     """Upper clamp of every capability ratio omega[k, j] (docs/spec.md §3)."""
-    cross_samples_per_prompt: Any = "all"
+    cross_samples_per_prompt: Any = setting("all", reader="trainer")
     """`all` (the paper) or a positive int: partner responses per prompt a learner trains on,
     drawn uniformly with a seeded generator, so cost per learner need not grow with n."""
 
@@ -167,19 +285,21 @@ class AlgorithmConfig:
                     warmup_steps=self.capability_warmup_steps, clamp=(self.omega_min, self.omega_max))
 
 
-# Who reads each `AlgorithmConfig` field. Every field is in exactly one list, and LOSS_FIELDS (renamed by
-# LOSS_KEYWORDS) are exactly `hacpo_loss`'s settings (`algorithms.objective.SETTINGS`):
-# tests/test_config.py fails when a field is added to the dataclass but not here, or not to the loss.
-LOSS_FIELDS = ("ratio_level", "clip_low", "clip_high", "cross_loss", "alpha", "cross_clip", "omega_factor",
-               "loss_agg_mode", "kl_coef", "kl_estimator", "rollout_is_cap", "dual_clip_c")
+def _reader_fields(reader: str) -> Tuple[str, ...]:
+    return tuple(f.name for f in fields(AlgorithmConfig) if f.metadata.get("reader") == reader)
+
+
+# Who reads each `AlgorithmConfig` field, from each field's `reader` (tests/test_config.py: every field has one,
+# and the loss fields, renamed by their `keyword`, are exactly `hacpo_loss`'s settings, `objective.SETTINGS`).
+LOSS_FIELDS = _reader_fields("loss")
 """Read by `hacpo_loss` (`loss_settings()`)."""
-LOSS_KEYWORDS = {"omega_factor": "use_omega"}
+LOSS_KEYWORDS = {f.name: f.metadata["keyword"] for f in fields(AlgorithmConfig) if "keyword" in f.metadata}
 """A loss field whose `hacpo_loss` keyword has another name."""
-ADVANTAGE_FIELDS = ("advantage", "capability_baseline", "scale_by_std", "baseline_guard")
+ADVANTAGE_FIELDS = _reader_fields("advantage")
 """Read by `compute_advantages` (`advantage_settings()`)."""
-CAPABILITY_FIELDS = ("capability_window", "capability_floor", "capability_warmup_steps", "omega_min", "omega_max")
+CAPABILITY_FIELDS = _reader_fields("capability")
 """Read by `CapabilityWindow` (`capability_settings()`)."""
-TRAINER_FIELDS = ("name", "share_rollouts", "delta", "delta_step", "rollout_multiplier", "cross_samples_per_prompt")
+TRAINER_FIELDS = _reader_fields("trainer")
 """Read by the trainer itself: the preset's name, who trains on whose responses, the stepwise clip schedule
 (`callbacks/clip_schedule.py`), the rollout count, and the cross samples per prompt."""
 
@@ -195,11 +315,11 @@ class PairConfig:
     on the command line wins. The rule is `hacrl_lightning.presets.resolve_algorithm`.
     """
 
-    alpha: Optional[float] = None
+    alpha: Optional[float] = setting(None, harmless=True)
     """Exponent of the exponential importance weight (Table 5: 1 or 3)."""
-    delta: Optional[float] = None
+    delta: Optional[float] = setting(None, harmless=True)
     """Initial cross-ratio lower bound is 1 - delta (Table 5 prints the bound: 0.8 -> delta 0.2)."""
-    delta_step: Optional[float] = None
+    delta_step: Optional[float] = setting(None, harmless=True)
     """Rise of the lower bound per mini-batch (Table 5: 0.01 or 0.025)."""
 
 
@@ -233,12 +353,12 @@ class DataConfig:
     """Math tasks: local held-out files (as train_files); the first `eval_size` problems are used."""
     reward: str = "exact_match"
     """Reward function by registered name (`exact_match`, `math_verify`)."""
-    reward_workers: int = 0
+    reward_workers: int = setting(0, harmless=True)
     """Worker processes that score rewards with a hard per-item timeout (`RewardPool`); 0 scores
     in-process with no timeout (fine for exact_match; `data=math` and `data=gsm8k` set 2 for math_verify)."""
     reward_timeout_s: float = 5.0
     """Seconds one response may take to score in a worker; an overrun scores 0.0 and is counted."""
-    filter_overlong_prompts: bool = True
+    filter_overlong_prompts: bool = setting(True, implied=False)
     """Drop, when the run starts, every train and held-out prompt longer than some agent's `max_prompt_len`
     in that agent's chat template (the authors' recipe: verl's `data.filter_overlong_prompts=true`); the counts
     are printed and kept in summary.json (`prompts_dropped_overlong`). False left-truncates them instead."""
@@ -249,9 +369,13 @@ class DataConfig:
     train_size: int = 2000
     """Synthetic task: training prompts generated."""
     min_digits: int = 1
+    """Synthetic task: fewest digits of an operand."""
     max_digits: int = 2
+    """Synthetic task: most digits of an operand."""
     terms: int = 2
+    """Synthetic task: operands per problem."""
     ops: List[str] = field(default_factory=lambda: ["+"])
+    """Synthetic task: the operators drawn from (`+`, `-`, `*`)."""
     seed: int = 1234
     """Seed of the synthetic prompt generator (independent of the training seed)."""
 
@@ -261,14 +385,18 @@ class TrainerConfig:
     """The Lightning Trainer and the update loop. Budgets count training steps (prompt batches),
     not Lightning's global_step (which counts one optimizer step per agent update)."""
 
-    steps: int = 150
+    steps: int = setting(150, harmless=True)
+    """Training steps (prompt batches) of the run; a larger value on resume extends a finished run."""
     mini_batch_prompts: int = 4
     """Prompt groups per mini-batch (one optimizer update per learner per mini-batch)."""
     micro_batch_size: int = 16
     """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
     accelerator: str = "auto"
+    """Lightning's accelerator: `auto` (a GPU when there is one), `cpu` or `gpu`."""
     devices: int = 1
+    """Devices (GPUs, or CPU processes) per node: the data-parallel ranks of one node."""
     num_nodes: int = 1
+    """Machines of a multi-node run (each with `devices` ranks)."""
     strategy: str = "auto"
     """`auto` (single device), `single`, or `fsdp` (ModelParallelStrategy with per-agent FSDP2)."""
     precision: str = "32-true"
@@ -276,35 +404,35 @@ class TrainerConfig:
     forward passes and rollouts: Lightning's autocast on one device, FSDP2's MixedPrecisionPolicy with
     fp32 gradient reduction under `fsdp`). Pure-bf16 weights (`bf16-true`) are refused: at lr 1e-6
     most updates round away."""
-    eval_every: int = 25
+    eval_every: int = setting(25, harmless=True)
     """Held-out evaluation every this many steps (0: only before and after training)."""
-    eval_samples: int = 1
+    eval_samples: int = setting(1, harmless=True)
     """k for avg@k / pass@k in periodic evaluation (1: greedy accuracy only)."""
-    checkpoint_every: int = 0
+    checkpoint_every: int = setting(0, harmless=True)
     """Checkpoint every this many steps (0: not by step count). A checkpoint is also written after the last
     step and when the run is interrupted (SIGINT/SIGTERM)."""
-    checkpoint_minutes: float = 15.0
+    checkpoint_minutes: float = setting(15.0, harmless=True)
     """Checkpoint whenever this many minutes have passed since the last one (0: off), so a crash costs
     minutes, not the run."""
-    log_every: int = 1
+    log_every: int = setting(1, harmless=True)
     """Write the training scalars to TensorBoard every this many steps."""
-    progress_every: int = 1
+    progress_every: int = setting(1, harmless=True, unhashed=True)
     """When stdout is not a terminal (a log file, nohup, a scheduler): print a plain progress line (step,
     each agent's sampled train reward, s/step) every this many steps, in place of the progress bar (0: never)."""
-    max_nonfinite_skips: int = 3
+    max_nonfinite_skips: int = setting(3, harmless=True)
     """Consecutive training steps in which an agent may skip updates for a non-finite loss or
     gradient; one more such step in a row stops the run (0: stop at the first). See docs/reliability.md."""
-    export_agents: bool = True
+    export_agents: bool = setting(True, harmless=True)
     """Export each agent as a standalone Hugging Face model dir at the end."""
-    diagnostics_every: int = 10
+    diagnostics_every: int = setting(10, harmless=True)
     """Measure how much of each learner's update comes from partners' responses (`{agent}/diag/cross_grad_share`)
     on every this many steps (the 10th, 20th, ...; 0: never). It costs about one more forward and backward
     pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics)."""
-    gpu_memory_gib: float = 80.0
+    gpu_memory_gib: float = setting(80.0, harmless=True)
     """GiB (2^30 bytes) of one GPU for the memory plan (`scripts/plan.py`, and train.py's preflight on a
     GPU; docs/PERFORMANCE.md#the-memory-plan): the H100's 80 by default. Where CUDA is present the
     device's own memory is used instead."""
-    ignore_memory_plan: bool = False
+    ignore_memory_plan: bool = setting(False, harmless=True)
     """Launch a GPU run even when the memory plan says it cannot fit (`scripts/plan.py` still shows the plan)."""
 
 
@@ -313,19 +441,25 @@ class TrainConfig:
     """The root: everything a run needs."""
 
     agents: Dict[str, AgentConfig] = field(default_factory=dict)
+    """The agents, by key (`agents=[tiny_a,tiny_b]` selects preset files; `agents.<key>.<setting>=` changes one)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """The RL algorithm (`algorithm=<preset>`)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How responses are generated."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The task and its reward."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The Lightning Trainer and the update loop."""
     seed: int = 0
-    run_dir: str = "runs/default"
+    """The run's seed: weights' init where random, sampling, mini-batch order, prompt order."""
+    run_dir: str = setting("runs/default", location=True)
     """Where the resolved config, TensorBoard events, checkpoints and exports go."""
-    resume: Optional[str] = None
+    resume: Optional[str] = setting(None, location=True)
     """A checkpoint file or a run directory (its newest checkpoint) to continue from."""
-    overwrite: bool = False
+    overwrite: bool = setting(False, location=True)
     """Start a fresh run in a `run_dir` that already holds one (its old contents are removed); without it a
     non-empty `run_dir` is refused unless the command resumes that run."""
-    zoo_cache: Optional[str] = None
+    zoo_cache: Optional[str] = setting(None, location=True)
     """Cache of built tiny agents (default: $HACRL_ZOO_CACHE or ~/.cache/hacrl_lightning/zoo)."""
     pair: PairConfig = field(default_factory=PairConfig)
     """An experiment's per-pair values, resolved into `algorithm` before the run (what runs is `algorithm`)."""
@@ -345,7 +479,7 @@ STRATEGIES = ("auto", "single", "fsdp")
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
-RUN_LOCATION_KEYS = ("run_dir", "resume", "overwrite", "zoo_cache")
+RUN_LOCATION_KEYS = setting_keys("location")
 """Where a run lives and reads from, not how it trains: left out when runs' settings are compared."""
 
 
@@ -596,6 +730,7 @@ class EvaluateConfig:
     max_response_len: Optional[int] = None
     """Override every agent's response length (the paper evaluates with 8192 tokens)."""
     dtype: Optional[str] = None
+    """Override every agent's dtype (float32, bfloat16, float16; null keeps each agent's)."""
     limit: Optional[int] = None
     """Keep the first `limit` problems of each benchmark (smoke tests); null keeps all."""
     reward: Optional[str] = None
@@ -606,16 +741,22 @@ class EvaluateConfig:
     reward_timeout_s: float = 5.0
     """An answer whose scoring takes longer scores 0.0 (counted and reported)."""
     backend: str = "hf"
+    """`hf` (transformers generate) or `vllm`."""
     generation_batch_size: int = 64
+    """Sequences generated at once by the HF backend (bounds memory)."""
     gpu_memory_utilization: float = 0.5
+    """vLLM backend: each engine's share of the GPU's memory."""
     device: str = "auto"
     """`auto` (CUDA when available), `cpu` or `cuda`."""
     seed: int = 0
+    """Seed of sampled answers (several per problem, or a temperature > 0)."""
     output_dir: str = "eval/default"
     """Where evaluate.yaml and results.{json,md} go; a folder that holds other files is refused unless
     `overwrite=true` (then only evaluate.py's own files in it are replaced)."""
     overwrite: bool = False
+    """Replace evaluate.py's own files in an `output_dir` that holds other files."""
     zoo_cache: Optional[str] = None
+    """Cache of built tiny agents (default: $HACRL_ZOO_CACHE or ~/.cache/hacrl_lightning/zoo)."""
     trust_remote_code: bool = False
     """Run the code that a model folder or hub model ships (transformers' `trust_remote_code`) for the agents
     of this evaluation. Never taken from a run's saved config: a run trained with it needs it here too."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from hacrl_lightning.config import RUN_LOCATION_KEYS
+from hacrl_lightning.config import setting_keys
 
 DIAGNOSTIC_COLUMNS = ("cross_nograd_frac_correct", "cross_nograd_frac_wrong", "self_nograd_frac_correct",
                       "self_nograd_frac_wrong", "cross_grad_share", "grad_cos_self_cross", "omega_first", "omega_mean",
@@ -46,10 +46,11 @@ STATES = ("finished", "interrupted", "failed", "stale", "unfinished")
 """`RunSpec.state`: finished (a result); interrupted (resumable); failed; stale (ran under another config);
 unfinished (not started, killed before its summary, or a `completed` summary short of its steps)."""
 
-HASH_IGNORES = (*RUN_LOCATION_KEYS, "trainer.progress_every")
-"""Keys that do not change what a run computes or reports: where it lives, how the command started it
-(fresh, resumed, overwriting), where the built tiny agents are cached, how often it prints a progress
-line. Every other resolved value counts (a key added to the schema later makes older runs stale)."""
+HASH_IGNORES = (*setting_keys("location"), *setting_keys("unhashed"))
+"""Keys that do not change what a run computes or reports (`setting(location=True)`, `setting(unhashed=True)`):
+where it lives, how the command started it (fresh, resumed, overwriting), where the built tiny agents are
+cached, how often it prints a progress line. Every other resolved value counts (a key added to the schema
+later makes older runs stale)."""
 
 
 def resolved_values(config_yaml: str) -> dict[str, Any]:

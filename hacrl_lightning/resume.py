@@ -16,25 +16,16 @@ import dataclasses
 import fnmatch
 from typing import Any
 
-from hacrl_lightning.config import RUN_LOCATION_KEYS, TrainConfig, flat_values
+from hacrl_lightning.config import TrainConfig, flat_values, implied_values, setting_keys
 from hacrl_lightning.errors import Problem
 
-HARMLESS = (
-    "trainer.steps", "trainer.eval_every", "trainer.eval_samples", "trainer.log_every", "trainer.progress_every",
-    "trainer.checkpoint_every", "trainer.checkpoint_minutes", "trainer.export_agents", "trainer.max_nonfinite_skips",
-    "trainer.diagnostics_every", "trainer.gpu_memory_gib", "trainer.ignore_memory_plan",
-    "data.reward_workers", "agents.*.gradient_checkpointing", "agents.*.gpu_memory_utilization",
-    "pair.*",
-)
-"""Keys (glob patterns) a resume may change; `pair.*` is resolved into `algorithm.*`, which is compared."""
-IMPLIED = {
-    "algorithm.rollout_is_cap": 0.0,           # no correction before the setting existed
-    "algorithm.dual_clip_c": None,             # no dual-clip
-    "data.filter_overlong_prompts": False,     # over-long prompts were left-truncated
-}
-"""Settings added after runs may have started, with the value such a run trained with: a `run_config.json`
-without the key is compared as if it held this value (so an older run resumes when the new command keeps
-the old behaviour, and is told which value does when it does not)."""
+HARMLESS = setting_keys("harmless")
+"""Keys (glob patterns) a resume may change (`setting(harmless=True)`); `pair.*` is resolved into `algorithm.*`,
+which is compared."""
+IMPLIED = implied_values()
+"""Settings added after runs may have started, with the value such a run trained with (`setting(implied=)`): a
+`run_config.json` without the key is compared as if it held this value (so an older run resumes when the new
+command keeps the old behaviour, and is told which value does when it does not)."""
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
@@ -47,16 +38,18 @@ def resume_changes(saved: dict[str, Any], new: TrainConfig, *, at_step: int,
     """(the refused changes, the allowed ones as key -> (old, new)) of resuming the run saved as `saved`
     from its checkpoint at step `at_step` with `new`; `completed`: that run had finished."""
     old, now = flat_values(saved), flat_values(new)
+    root = type(new)  # the facts of its own fields (a config class with a field added picks it up)
+    harmless, implied, location = setting_keys("harmless", root), implied_values(root), setting_keys("location", root)
     problems, allowed = [], {}
     old_agents, new_agents = list(saved.get("agents", {})), list(new.agents)
     if old_agents != new_agents:  # one problem for the set (and order: it is the optimizer order), not per field
         problems.append(Problem("agents", new_agents, f"{old_agents}, the agents the run was started with",
                                 f"resume with agents=[{','.join(old_agents)}], or start a new run (another run_dir)"))
     for key in sorted(old.keys() | now.keys()):
-        before, after = old.get(key, IMPLIED.get(key, "<absent>")), now.get(key, "<absent>")
-        if before == after or key in RUN_LOCATION_KEYS or (key.startswith("agents.") and old_agents != new_agents):
+        before, after = old.get(key, implied.get(key, "<absent>")), now.get(key, "<absent>")
+        if before == after or key in location or (key.startswith("agents.") and old_agents != new_agents):
             continue
-        if any(fnmatch.fnmatchcase(key, pattern) for pattern in HARMLESS):
+        if any(fnmatch.fnmatchcase(key, pattern) for pattern in harmless):
             allowed[key] = (before, after)
             continue
         problems.append(Problem(key, after, f"{before!r}, the value the run was started with",

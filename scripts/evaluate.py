@@ -34,14 +34,21 @@ if __name__ == "__main__":  # Ctrl-C anywhere: one line and status 130 (main rem
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from hacrl_lightning.cli import compose_evaluate, help_text, parse_cli, save_resolved, wants_help  # noqa: E402
+from hacrl_lightning.cli import (EVALUATE_SETTINGS, compose_evaluate, help_text, help_topic, parse_cli,  # noqa: E402
+                                 save_resolved, settings_text, wants_help)
 from hacrl_lightning.config import AgentConfig  # noqa: E402
 from hacrl_lightning.errors import ConfigError  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     if wants_help(argv):
-        print(help_text(__doc__, path_key="output_dir"))
+        try:
+            topic = help_topic(argv)
+            print(settings_text(topic, EVALUATE_SETTINGS) if topic
+                  else help_text(__doc__, path_key="output_dir", topics=EVALUATE_SETTINGS))
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         return 0
     try:
         overrides, show = parse_cli(argv)

@@ -26,14 +26,20 @@ if __name__ == "__main__":  # Ctrl-C in the first seconds (imports, checks): one
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from hacrl_lightning.cli import GROUPS, compose_config, help_text, parse_cli, shell_override, shell_word, wants_help  # noqa: E402
+from hacrl_lightning.cli import (GROUPS, TRAIN_SETTINGS, compose_config, help_text, help_topic, parse_cli,  # noqa: E402
+                                 settings_text, shell_override, shell_word, wants_help)
 from hacrl_lightning.errors import ConfigError, RunFailed  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     started = time.time()
     if wants_help(argv):
-        print(help_text(__doc__, groups=GROUPS))
+        try:
+            topic = help_topic(argv)
+            print(settings_text(topic, TRAIN_SETTINGS) if topic else help_text(__doc__, groups=GROUPS, topics=TRAIN_SETTINGS))
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         return 0
     try:
         overrides, show = parse_cli(argv)

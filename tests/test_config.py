@@ -5,17 +5,20 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
-from dataclasses import fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from hacrl_lightning.algorithms import CapabilityWindow, compute_advantages
-from hacrl_lightning.algorithms.objective import SETTINGS
-from hacrl_lightning.cli import CONFIG_DIR, agent_key, compose_config, group_options, save_resolved
+from hacrl_lightning.algorithms.objective import SETTINGS, LossSettings, loss_settings
+from hacrl_lightning.cli import (CONFIG_DIR, TRAIN_SETTINGS, agent_key, compose_config, group_options, help_topic,
+                                 save_resolved, settings_text)
 from hacrl_lightning.config import (ADVANTAGE_FIELDS, CAPABILITY_FIELDS, LOSS_FIELDS, LOSS_KEYWORDS, TRAINER_FIELDS,
-                                    AgentConfig, AlgorithmConfig, TrainConfig)
+                                    AgentConfig, AlgorithmConfig, DataConfig, EvaluateConfig, PairConfig, RolloutConfig,
+                                    TrainConfig, TrainerConfig, field_docs, flat_values, implied_values, setting,
+                                    setting_keys)
 from hacrl_lightning.errors import UNKNOWN_KEY, ConfigError
 from hacrl_lightning.preflight import validate
 from hacrl_lightning.presets import PRESETS
@@ -80,7 +83,9 @@ def test_algorithm_files_hold_only_what_their_preset_changes():
 
 
 def test_every_algorithm_field_has_one_reader_and_the_loss_takes_each_loss_field():
-    # a field added to the dataclass but to no reader, or to the loss on one side only, fails here
+    # the reader is a fact of the field (`setting(reader=...)`); the lists are derived from it
+    assert {f.name: f.metadata.get("reader") for f in fields(AlgorithmConfig)
+            if f.metadata.get("reader") not in ("loss", "advantage", "capability", "trainer")} == {}
     readers = LOSS_FIELDS + ADVANTAGE_FIELDS + CAPABILITY_FIELDS + TRAINER_FIELDS
     assert sorted(readers) == sorted(f.name for f in fields(AlgorithmConfig)), "each field in exactly one list"
     loss = {LOSS_KEYWORDS.get(key, key) for key in LOSS_FIELDS}
@@ -88,6 +93,116 @@ def test_every_algorithm_field_has_one_reader_and_the_loss_takes_each_loss_field
                                    f"only in LossSettings: {set(SETTINGS) - loss}")
     assert set(ADVANTAGE_FIELDS) <= set(inspect.signature(compute_advantages).parameters)
     assert set(AlgorithmConfig().capability_settings()) <= set(inspect.signature(CapabilityWindow).parameters)
+
+
+def test_the_loss_has_no_defaults_of_its_own():
+    # the algorithm's defaults live once, in AlgorithmConfig: a direct caller of hacpo_loss names its algorithm
+    assert all(f.default is MISSING and f.default_factory is MISSING for f in fields(LossSettings))
+    with pytest.raises(TypeError, match=r"missing setting\(s\) \['dual_clip_c'\].*AlgorithmConfig\(\)\.loss_settings"):
+        loss_settings(**{key: value for key, value in AlgorithmConfig().loss_settings().items() if key != "dual_clip_c"})
+    assert loss_settings(**AlgorithmConfig().loss_settings()).dual_clip_c == 3.0
+
+
+CONFIG_CLASSES = (AgentConfig, AlgorithmConfig, PairConfig, RolloutConfig, DataConfig, TrainerConfig, TrainConfig,
+                  EvaluateConfig)
+
+
+def undocumented(*classes) -> list[str]:
+    return [f"{cls.__name__}.{f.name}" for cls in classes for f in fields(cls) if f.name not in field_docs(cls)]
+
+
+def test_every_setting_has_a_docstring_and_a_planted_one_without_fails():
+    assert undocumented(*CONFIG_CLASSES) == []
+
+    @dataclass
+    class Planted:
+        documented: int = 1
+        """Says what it does."""
+        bare: int = 2
+
+    assert undocumented(Planted) == ["Planted.bare"]
+
+
+def test_help_of_a_group_prints_every_setting_with_its_default_and_docstring():
+    text = settings_text("trainer", TRAIN_SETTINGS)
+    for f in fields(TrainerConfig):
+        assert f"  trainer.{f.name} (" in text, f.name
+    assert "trainer.steps (int, default 150)\n      Training steps" in text
+    assert "agents.<key>.lr (float, default 1e-06)" in settings_text("agents", TRAIN_SETTINGS)
+    with pytest.raises(ConfigError, match=r"--help: got 'traner'.*one of \['agents'"):
+        settings_text("traner", TRAIN_SETTINGS)
+    assert help_topic(["--help", "trainer"]) == "trainer" and help_topic(["--help", "trainer.steps=3"]) is None
+
+
+@dataclass
+class DemoTrainer(TrainerConfig):
+    eval_warmup: int = setting(0, harmless=True, implied=0)
+    """Steps before the first periodic evaluation (a demonstration: its reader would be the evaluation callback)."""
+
+
+@dataclass
+class DemoConfig(TrainConfig):
+    trainer: DemoTrainer = field(default_factory=DemoTrainer)
+    """The trainer section, with the demonstration's setting."""
+
+
+def test_a_new_trainer_setting_needs_only_its_field_and_its_reader():
+    """A demonstration: a trainer setting added as one field with its facts (no list edited anywhere) is
+    documented, may change on resume, is implied for runs saved before it, and counts in the comparison hash."""
+    from hacrl_lightning.experiments import config_hash
+    from hacrl_lightning.resume import config_dict, resume_changes
+
+    assert "trainer.eval_warmup" in setting_keys("harmless", DemoConfig)
+    assert implied_values(DemoConfig)["trainer.eval_warmup"] == 0
+    assert undocumented(DemoTrainer) == []
+    agents = {"tiny_a": AgentConfig(model="zoo:tiny_a")}
+    saved = config_dict(DemoConfig(agents=agents))
+    changed = DemoConfig(agents=agents, trainer=DemoTrainer(eval_warmup=3))
+    assert resume_changes(saved, changed, at_step=1, completed=False) == ([], {"trainer.eval_warmup": (0, 3)})
+    del saved["trainer"]["eval_warmup"]  # a run saved before the setting existed resumes: it trained with 0
+    assert resume_changes(saved, DemoConfig(agents=agents), at_step=1, completed=False) == ([], {})
+    flat = flat_values(changed)
+    assert config_hash(flat) != config_hash({**flat, "trainer.eval_warmup": 0})  # it counts in the hash
+
+
+GROUP_SCHEMAS = {"trainer": TrainerConfig, "rollout": RolloutConfig, "data": DataConfig, "agents": AgentConfig}
+
+
+def _defaults(cls) -> dict:
+    return {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(cls)}
+
+
+def test_every_group_file_holds_only_what_it_changes():
+    # the defaults are written once, in the dataclasses; a preset file writes only what differs from them
+    # (`name` names the preset); the algorithm group is test_algorithm_files_hold_only_what_their_preset_changes
+    for group, cls in GROUP_SCHEMAS.items():
+        defaults = _defaults(cls)
+        for path in sorted((CONFIG_DIR / group).glob("*.yaml")):
+            body = yaml.safe_load(path.read_text()) or {}
+            body.pop("defaults", None)
+            same = sorted(key for key, value in body.items() if key != "name" and defaults.get(key, MISSING) == value)
+            assert not same, f"{path.relative_to(REPO)}: {same} repeat the defaults of {cls.__name__}: delete them"
+    body = yaml.safe_load((CONFIG_DIR / "evaluate" / "evaluate.yaml").read_text())
+    body.pop("defaults")
+    same = sorted(key for key, value in body.items() if _defaults(EvaluateConfig).get(key, MISSING) == value)
+    assert not same, f"configs/evaluate/evaluate.yaml: {same} repeat the defaults of EvaluateConfig: delete them"
+
+
+def test_every_experiment_holds_only_what_it_changes():
+    """An experiment's values differ from what its group choices compose to without them. Its per-agent
+    values are left out: they state the recipe's settings for the agents of the list (issue 39 makes them
+    hold for any list)."""
+    for path in sorted((CONFIG_DIR / "experiment").glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        choices = []
+        for entry in body.pop("defaults", []):
+            for key, value in (entry.items() if isinstance(entry, dict) else ()):
+                key = key.replace("override /", "")
+                choices.append(f"{key}=[{','.join(value)}]" if isinstance(value, list) else f"{key}={value}")
+        base = flat_values(compose_config([*choices, "run_dir=/tmp/unused"], preflight=False)[0])
+        same = sorted(key for key, value in flat_values(body).items()
+                      if not key.startswith("agents.") and key != "run_dir" and base.get(key, MISSING) == value)
+        assert not same, f"{path.relative_to(REPO)}: {same} repeat what {choices} compose to: delete them"
 
 
 # --- selecting agents ----------------------------------------------------------------------------

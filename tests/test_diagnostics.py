@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from hacrl_lightning.algorithms import hacpo_loss
+from hacrl_lightning.config import AlgorithmConfig
 from hacrl_lightning.loss_stats import LossStats
 from hacrl_lightning.training import train
 from test_training import config
@@ -34,7 +35,8 @@ ROWS = [
     (False, 0.50, -0.2, 1.0),  # 9  cross, correct below its baseline (A < 0), s < 0.85 / < 0.9 -> no gradient
     (False, 0.99, +0.3, 0.5),  # 10 cross, partial credit counts as correct (reward > 0) -> gradient
 ]
-CLIP = dict(clip_low=0.1, clip_high=0.05)
+CLIP = {**AlgorithmConfig().loss_settings(), "clip_low": 0.1, "clip_high": 0.05}
+"""The paper's HACPO settings with a wider own clip; a case changes what it is about."""
 LOWER = 0.85
 OWN_NOGRAD = {0, 2}
 CROSS_NOGRAD = {"hacpo": {4, 6, 8, 9}, "naive": {4, 6, 9}, "no_clip": set()}
@@ -65,7 +67,7 @@ def hand_fractions(nograd: set[int], own: bool, rows=ROWS) -> dict[str, float]:
 @pytest.mark.parametrize("variant", sorted(SETTINGS))
 def test_nograd_fractions_match_hand_counts_and_autograd(variant):
     inputs = batch()
-    loss, metrics = hacpo_loss(**inputs, **CLIP, **SETTINGS[variant], cross_lower=LOWER, alpha=1.0)
+    loss, metrics = hacpo_loss(**inputs, **{**CLIP, **SETTINGS[variant], "alpha": 1.0}, cross_lower=LOWER)
     # hand counts: own correct {0, 3}, own wrong {1, 2}; cross correct {4, 5, 9, 10}, cross wrong {6, 7, 8}
     assert (metrics["count/self_correct"], metrics["count/self_wrong"]) == (2, 2)
     assert (metrics["count/cross_correct"], metrics["count/cross_wrong"]) == (4, 3)

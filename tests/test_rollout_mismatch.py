@@ -17,12 +17,17 @@ import torch
 from hacrl_lightning.agents.exchange import Rollout, view_for
 from hacrl_lightning.algorithms import hacpo_loss, truncated_is_weight
 from hacrl_lightning.cli import compose_config
+from hacrl_lightning.config import AlgorithmConfig
 from hacrl_lightning.errors import ConfigError
 from hacrl_lightning.preflight import validate
 from hacrl_lightning.training import train
 
 D = torch.float64
 NAN = float("nan")
+
+
+HACPO = AlgorithmConfig().loss_settings()
+"""The paper's HACPO settings; a test changes the ones it is about."""
 
 
 def test_truncated_is_weight_by_hand():
@@ -47,16 +52,16 @@ def test_the_correction_weights_own_tokens_only():
     engine = torch.tensor([[-1.5, -1.0], [-9.0, NAN]], dtype=D)  # the partner row's values must not count
     common = dict(logp_new=logp, loss_mask=mask, advantages=torch.ones(2, dtype=D), is_own=torch.tensor([True, False]),
                   old_logp_mean=torch.tensor([-1.5, -1.0], dtype=D), old_logp=old, omega_factor=torch.ones(2, dtype=D),
-                  cross_lower=0.8, alpha=0.0, clip_low=0.2, clip_high=0.2)
+                  cross_lower=0.8, **{**HACPO, "alpha": 0.0, "clip_low": 0.2, "clip_high": 0.2})
     base, _ = hacpo_loss(**common)
     assert float(base.detach()) == pytest.approx(-1.0)
-    loss, metrics = hacpo_loss(**common, rollout_is_cap=2.0, engine_logp=engine)
+    loss, metrics = hacpo_loss(**{**common, "rollout_is_cap": 2.0}, engine_logp=engine)
     w = (math.exp(0.5) + math.exp(-1.0)) / 2
     assert float(loss.detach()) == pytest.approx(-(w + 1.0) / 2)
     assert float(metrics["rollout_is/weight_mean"]) == pytest.approx(w)
     assert float(metrics["rollout_is/capped_frac"]) == 0.0
     with pytest.raises(ValueError, match="engine_logp"):
-        hacpo_loss(**common, rollout_is_cap=2.0)
+        hacpo_loss(**{**common, "rollout_is_cap": 2.0})
 
 
 def test_a_cap_below_one_is_a_config_error(tmp_path):

@@ -86,23 +86,35 @@ def register_cross_loss(name: str) -> Callable[[CrossTerm], CrossTerm]:
 @dataclass(frozen=True)
 class LossSettings:
     """The algorithm's switches `hacpo_loss` reads, one field per keyword (`AlgorithmConfig.loss_settings()`
-    gives them for a preset; docs/algorithms.md says what each does). Unknown names and modes are refused
-    here, listing the known ones, before any tensor is read."""
+    gives them for a preset; docs/algorithms.md says what each does). No defaults of its own: the algorithm's
+    defaults live once, in `AlgorithmConfig`, so a direct caller says which algorithm it means
+    (`AlgorithmConfig().loss_settings()` is the paper's HACPO, `get_preset(name).loss_settings()` a preset).
+    Unknown names and modes are refused here, listing the known ones, before any tensor is read."""
 
-    ratio_level: str = "sequence"
+    ratio_level: str
     """A key of `RATIO_TERMS`: `sequence` (GSPO's length-normalised ratio per response, Eq. 11) or `token` (GRPO)."""
-    clip_low: float = 3e-4
-    clip_high: float = 4e-4
-    dual_clip_c: Optional[float] = None
-    cross_loss: str = "hacpo"
+    clip_low: float
+    """Own ratio clip range starts at 1 - clip_low."""
+    clip_high: float
+    """Own ratio clip range ends at 1 + clip_high."""
+    dual_clip_c: Optional[float]
+    """Token level only: where A < 0 and r > c the term is held at c·A (0 or None: off)."""
+    cross_loss: str
     """A key of `CROSS_TERMS`: `hacpo` (Eqs. 12-14) or `self` (the own term on partners' responses, naive)."""
-    alpha: float = 1.0
-    cross_clip: bool = True
-    use_omega: bool = True
-    loss_agg_mode: str = "seq-mean-token-mean"
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    rollout_is_cap: float = 0.0
+    alpha: float
+    """Exponent of the detached exponential importance weight on cross terms."""
+    cross_clip: bool
+    """Clamp the cross ratio to [lower_m, 1]."""
+    use_omega: bool
+    """Multiply the cross term by omega[source, learner]."""
+    loss_agg_mode: str
+    """A key of `LOSS_AGG_MODES` (`aggregate_loss`)."""
+    kl_coef: float
+    """β of the KL to the reference on own responses (0: none)."""
+    kl_estimator: str
+    """A key of `KL_ESTIMATORS`."""
+    rollout_is_cap: float
+    """> 0: truncated importance weight of the engine's mismatch on own tokens (0: off)."""
 
     def __post_init__(self) -> None:
         for key, known in LOSS_MODES.items():
@@ -232,6 +244,11 @@ def loss_settings(**settings: Any) -> LossSettings:
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise TypeError(f"hacpo_loss got unknown setting(s) {unknown}: known {list(SETTINGS)}")
+    missing = [key for key in SETTINGS if key not in settings]
+    if missing:
+        raise TypeError(f"hacpo_loss is missing setting(s) {missing}: it has no defaults of its own; pass "
+                        "**AlgorithmConfig().loss_settings() (the paper's HACPO) or a preset's, e.g. "
+                        "**get_preset('grpo').loss_settings(), with your changes after them")
     return LossSettings(**settings)
 
 

@@ -19,12 +19,14 @@ the DataModule's `phase_listeners`. Phase times
 are the module's own `time/*` metrics and `WeightSyncCallback.last_seconds`; `logging` is the rest
 of the step (metrics, `log_dict`, the TensorBoard write, the progress bar, the Lightning loop,
 capability and advantages), measured from one `on_train_batch_start` to the next.
-(b) bare: what a HACPO step needs and nothing else, written plainly: `model.generate`, decode,
-reward, each learner's token view of every response (partner responses retokenized in one batched
-call per learner), one no-grad forward per source over its own responses (old log-probs, shared
-with every learner), then per learner the same mini-batches (own responses first) of the same
-micro-batches, backward, gradient clip and AdamW step. Its loss is a plain clipped sequence-ratio
-surrogate: the arithmetic differs from HACPO's, the tensor work does not.
+(b) bare: the repo's one bare HACPO loop, `reference.hacpo_step` (plain PyTorch + transformers, no
+Lightning), timed per phase through its `phase` marks: the same engines generate (wrapped to sample full
+length), the same reward function scores in-process, `view_for` retokenizes, one no-grad forward per
+source gives the old log-probs, then per learner the same mini-batches (own responses first), HACPO's
+loss, backward, gradient clip and AdamW step, with the same arithmetic as the framework (tested by
+tests/test_reference.py). It runs one forward pass per mini-batch (and one per source for the old
+log-probs) where the framework runs micro-batches of `trainer.micro_batch_size` (16): the same passes at
+G = 4 (mini-batches of 4 prompts, 16 rows), two and four times as many in the framework at G = 8 and 16.
 
 `framework_over_bare` is the ratio of the median process CPU seconds per step (all threads), which
 a machine shared with other jobs leaves nearly intact; the wall-time ratio is reported beside it.
@@ -41,10 +43,8 @@ Deliberately not here: checking the framework's math (tests do that) and vLLM th
 from __future__ import annotations
 
 import gc
-import math
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -311,168 +311,71 @@ class StepRecorder(Callback):
 
 
 def run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str = "hf") -> dict:
-    """The same steps written plainly: no Lightning, no framework code inside a step. With the vLLM backend,
-    the same engines as the framework's (`VLLMEngine`, built from the same exports) generate, and each is
+    """The same steps without the framework: `reference.hacpo_step`, no Lightning. With the vLLM backend, the
+    same engines as the framework's (`VLLMEngine`, built from the same exports) generate, and each is
     synced after its agent's updates, as `WeightSyncCallback` does."""
     with tempfile.TemporaryDirectory() as engine_dir:
         return _run_bare(agent_names, group, prompts, steps, warmup, backend, Path(engine_dir))
 
 
+class FullLength:
+    """An engine whose every response is exactly `max_new_tokens` long (stop tokens masked until then), as
+    `fixed_length_datamodule` samples in the framework path."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, prompt_ids, settings):
+        return self.engine.generate(prompt_ids, replace(settings, min_new_tokens=settings.max_new_tokens))
+
+
 def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str,
               engine_dir: Path) -> dict:
     import torch
-    from transformers import GenerationConfig
 
+    from hacrl_lightning import reference
+    from hacrl_lightning.algorithms import CapabilityWindow
     from hacrl_lightning.data.tasks import load_task
     from hacrl_lightning.datamodule import StepBatchSampler
-    from hacrl_lightning.step import step_seed
-    from hacrl_lightning.rollout import SamplingSettings, engine_options, make_engine
+    from hacrl_lightning.rollout import engine_options, make_engine
     from hacrl_lightning.training import load_agents
 
     memory = PhaseMemory()
     cfg = compose(agent_names, group, prompts, warmup + steps, str(engine_dir / "run"), backend)
     torch.manual_seed(cfg.seed)
-    loaded = load_agents(cfg)          # loading is not timed; a step touches only .model and .tokenizer
-    engines = {k: make_engine("vllm", a.model, **engine_options(a, "vllm", batch_size=0, seed=cfg.seed,
-                                                                export_to=engine_dir / k))
-               for k, a in loaded.items()} if backend == "vllm" else {}
-    names = list(loaded)
-    models = {k: a.model.eval() for k, a in loaded.items()}
-    toks = {k: a.tokenizer for k, a in loaded.items()}
-    acfg = {k: a.cfg for k, a in loaded.items()}
-    eos = {k: list(a.eos_token_ids) for k, a in loaded.items()}
-    pad = {k: a.pad_token_id for k, a in loaded.items()}
-    opts = {k: torch.optim.AdamW(models[k].parameters(), lr=acfg[k].lr, betas=tuple(acfg[k].betas),
-                                 weight_decay=acfg[k].weight_decay) for k in names}
+    loaded = load_agents(cfg)          # loading is not timed
+    if backend == "vllm":
+        engines = {k: make_engine("vllm", a.model, **engine_options(a, "vllm", batch_size=0, seed=cfg.seed,
+                                                                    export_to=engine_dir / k))
+                   for k, a in loaded.items()}
+    else:
+        engines = reference.hf_engines(loaded, cfg.rollout.generation_batch_size)
+    full_length = {k: FullLength(engine) for k, engine in engines.items()}
+    optimizers = reference.make_optimizers(loaded)
+    window = CapabilityWindow(len(loaded), **cfg.algorithm.capability_settings())
     train_set, _ = load_task(cfg.data)
     sampler = StepBatchSampler(len(train_set), prompts, warmup + steps, seed=cfg.seed)
-    n, G, alg, tr = len(names), group, cfg.algorithm, cfg.trainer
-    mini_size, micro = tr.mini_batch_prompts * G, tr.micro_batch_size
-    boxed = re.compile(r"\\boxed\{([^{}]*)\}")
+    marks: list[tuple[str, float]] = []
 
-    def prompt_ids(k, questions):
-        texts = toks[k].apply_chat_template([[{"role": "user", "content": q}] for q in questions], tokenize=False,
-                                            add_generation_prompt=True)
-        return [ids[-acfg[k].max_prompt_len:] for ids in toks[k](texts, add_special_tokens=False)["input_ids"]]
-
-    def right_pad(rows, pad_id):
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows])
-        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-        return ids, mask
-
-    def logprobs(k, rows):  # [b, T-1]: log p(x_t | x_<t)
-        ids, mask = right_pad(rows, pad[k])
-        logits = models[k](input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]
-        return torch.log_softmax(logits.float() / acfg[k].temperature, -1).gather(-1, ids[:, 1:, None])[..., 0]
-
-    def response_mask(rows, starts, width):  # [b, T-1]: True where position t predicts a response token
-        t = torch.arange(width)
-        first = torch.tensor(starts)[:, None] - 1
-        return (t >= first) & (t < torch.tensor([len(r) for r in rows])[:, None] - 1)
+    def phase(label: str) -> None:
+        memory.mark(label)
+        marks.append((label, time.perf_counter()))
 
     out = []
     for step in range(warmup + steps):
-        row, t0, cpu0 = defaultdict(float), time.perf_counter(), time.process_time()
         examples = [train_set[i] for i in sampler.indices(step)]
-        # rollout: every agent answers every prompt G times, exactly max_response_len tokens each
-        memory.mark("rollout")
-        prompts_of, sampled = {}, {}
-        for j, k in enumerate(names):
-            prompts_of[k] = prompt_ids(k, [ex.prompt for ex in examples])
-            length, chunk = acfg[k].max_response_len, max(1, cfg.rollout.generation_batch_size // G)
-            torch.manual_seed(step_seed(cfg.seed, step, 1000 * j))
-            sampled[k] = []
-            if engines:
-                settings = SamplingSettings(max_new_tokens=length, n=G, temperature=acfg[k].temperature,
-                                            top_p=acfg[k].top_p, top_k=acfg[k].top_k, min_new_tokens=length,
-                                            seed=step_seed(cfg.seed, step, 1000 * j), return_logprobs=False)
-                sampled[k] = [g.token_ids for g in engines[k].generate(prompts_of[k], settings)]
-            for c in range(0, prompts, chunk) if not engines else ():
-                batch = prompts_of[k][c : c + chunk]
-                width = max(map(len, batch))
-                ids = torch.tensor([[pad[k]] * (width - len(b)) + b for b in batch])
-                mask = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch])
-                with torch.no_grad():
-                    seqs = models[k].generate(input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(
-                        do_sample=True, temperature=acfg[k].temperature, top_k=acfg[k].top_k, top_p=acfg[k].top_p,
-                        max_new_tokens=length, min_new_tokens=length, num_return_sequences=G,
-                        eos_token_id=eos[k], pad_token_id=pad[k]))
-                sampled[k] += seqs[:, width:].tolist()
-        t1 = time.perf_counter()
-        row["rollout_tokens"] = sum(len(s) for k in names for s in sampled[k])
-        # reward: decode once, last \boxed{} against the gold answer
-        memory.mark("reward")
-        texts = {k: toks[k].batch_decode(sampled[k], skip_special_tokens=True) for k in names}
-        rewards = torch.tensor([[[float((m := boxed.findall(texts[k][p * G + i])) != [] and m[-1].strip() == ex.gold)
-                                  for i in range(G)] for k in names] for p, ex in enumerate(examples)])  # [P, n, G]
-        joint = rewards.flatten(1)
-        adv = ((joint - joint.mean(1, keepdim=True)) / (joint.std(1, keepdim=True) + 1e-6)).view(prompts, n, G)
-        t2 = time.perf_counter()
-        # exchange: each learner's rows (prompt-major, then source, then sample); partners retokenized
-        memory.mark("exchange")
-        views = {}
-        for k in names:
-            partner = [(p, j, i) for p in range(prompts) for j, s in enumerate(names) if s != k for i in range(G)]
-            bodies = [texts[names[j]][p * G + i] for p, j, i in partner]
-            encoded = dict(zip(partner, toks[k](bodies, add_special_tokens=False)["input_ids"]))
-            rows, starts, keys = [], [], []
-            for p in range(prompts):
-                for j, s in enumerate(names):
-                    for i in range(G):
-                        body = sampled[k][p * G + i] if s == k else encoded[(p, j, i)][: acfg[k].max_response_len]
-                        rows.append(prompts_of[k][p] + body)
-                        starts.append(len(prompts_of[k][p]))
-                        keys.append((p, j, i))
-            views[k] = (rows, starts, keys)
-        t3 = time.perf_counter()
-        # old log-probs: one no-grad forward per source over its own responses, shared with every learner
-        memory.mark("old_logprobs")
-        old_mean = torch.zeros(prompts, n, G)  # the sequence ratio needs only the mean over response tokens
-        with torch.no_grad():
-            for j, k in enumerate(names):
-                rows, starts, keys = views[k]
-                own = [b for b, key in enumerate(keys) if key[1] == j]
-                for part in [own[c : c + micro] for c in range(0, len(own), micro)]:
-                    logp = logprobs(k, [rows[b] for b in part])
-                    resp = response_mask([rows[b] for b in part], [starts[b] for b in part], logp.shape[1])
-                    p, _, i = torch.tensor([keys[b] for b in part]).T
-                    old_mean[p, j, i] = (logp * resp).sum(-1) / resp.sum(-1)
-        t4 = time.perf_counter()
-        # update: per learner, mini-batches (own first, then partners in agent order), micro-batch accumulation
-        memory.mark("update")
-        for j, k in enumerate(names):
-            rows, starts, keys = views[k]
-            gen = torch.Generator().manual_seed(step_seed(cfg.seed, step, 31 + j))
-            own = [b for b, key in enumerate(keys) if key[1] == j]
-            cross = [b for b, key in enumerate(keys) if key[1] != j]
-            own = [own[t] for t in torch.randperm(len(own), generator=gen)]
-            cross = sorted((cross[t] for t in torch.randperm(len(cross), generator=gen)), key=lambda b: keys[b][1])
-            order = own + cross
-            for m, start in enumerate(range(0, len(order), mini_size)):
-                mini = order[start : start + mini_size]
-                opts[k].zero_grad(set_to_none=True)
-                lower = min(1.0, 1 - alg.delta + m * alg.delta_step)
-                for part in [mini[c : c + micro] for c in range(0, len(mini), micro)]:
-                    logp = logprobs(k, [rows[b] for b in part])
-                    resp = response_mask([rows[b] for b in part], [starts[b] for b in part], logp.shape[1])
-                    p, s, i = torch.tensor([keys[b] for b in part]).T
-                    row["trained_tokens"] += int(resp.sum())
-                    ratio = torch.exp(((logp * resp).sum(-1) / resp.sum(-1) - old_mean[p, s, i]).clamp(-10, 10))
-                    a = adv[p, s, i]
-                    own_loss = -torch.minimum(ratio * a, ratio.clamp(1 - alg.clip_low, 1 + alg.clip_high) * a)
-                    cross_loss = -ratio.clamp(lower, 1.0) * a
-                    (torch.where(s == j, own_loss, cross_loss).sum() / len(mini)).backward()
-                torch.nn.utils.clip_grad_norm_(models[k].parameters(), acfg[k].grad_clip or math.inf)
-                opts[k].step()
-        t5 = time.perf_counter()
-        memory.mark("weight_sync")
+        marks.clear()
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        done = reference.hacpo_step(loaded, optimizers, full_length, examples, window, cfg=cfg, step=step, phase=phase)
+        phase("weight_sync")
         for k, engine in engines.items():  # the engines answer with the updated weights next step
-            engine.sync_weights(models[k])
-        t6 = time.perf_counter()
-        row.update(rollout=t1 - t0, reward=t2 - t1, exchange=t3 - t2, old_logprobs=t4 - t3, update=t5 - t4,
-                   weight_sync=t6 - t5, step_s=t6 - t0, cpu_s=time.process_time() - cpu0)
-        out.append(dict(row))
+            engine.sync_weights(loaded[k].model)
+        end = time.perf_counter()
+        row = {label: later - at for (label, at), (_, later) in zip(marks, [*marks[1:], ("end", end)])}
+        row.update(step_s=end - t0, cpu_s=time.process_time() - cpu0,
+                   rollout_tokens=sum(len(r.token_ids) for r in done.rollouts),
+                   trained_tokens=sum(int(view.loss_mask.sum()) for view in done.views.values()))
+        out.append(row)
     for engine in engines.values():
         engine.close()
     peaks = memory.close()
