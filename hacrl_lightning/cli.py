@@ -378,13 +378,74 @@ def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
     """The composed (unvalidated) training DictConfig; raises ConfigError for override and composition problems."""
     register_schema()
     overrides, problems = register_agent_files(overrides)
+    # `agent_defaults` is a free dict: agent_defaults.<setting>=... adds the key or replaces an experiment's
+    # (Hydra's `++` prefix, added for the user)
+    overrides = [f"++{o}" if o.startswith("agent_defaults.") else o for o in overrides]
     try:
         problems += check_overrides(overrides)
         if problems:
             raise ConfigError(problems)
-        return _compose(CONFIG_DIR, "train", overrides)
+        dcfg = _compose(CONFIG_DIR, "train", overrides)
+        apply_agent_defaults(dcfg, overrides)
+        return dcfg
     finally:  # a user's agent files serve this composition only (an `agents` group would turn evaluate.py's
         forget_agent_files()  # `agents=[...]` list into a group choice in the same process)
+
+
+def _agent_file_keys(overrides: Sequence[str]) -> dict[str, set[str]]:
+    """Agent key -> the settings its own file sets, for every agent file this composition can pick (the
+    shipped presets, the user's folders' and the files given by path)."""
+    files = {**group_options("agents", user_config_dirs(overrides)), **_AGENT_FILES}
+    keys: dict[str, set[str]] = {}
+    for option, path in files.items():
+        try:
+            node = read_yaml(path, key="agents")
+        except ConfigError:
+            continue  # composing would have failed on it already
+        keys[agent_key(option.replace(".", "_") if option in _AGENT_FILES else option, path)] = set(node or {})
+    return keys
+
+
+def _experiment_agent_keys(overrides: Sequence[str]) -> set[str]:
+    """`agents.<key>.<setting>` keys the chosen experiment file (`experiment=<name>`) sets itself."""
+    choice = next((value for key, _, value in (o.partition("=") for o in overrides) if key.lstrip("+") == "experiment"),
+                  None)
+    path = group_options("experiment", user_config_dirs(overrides)).get(choice or "")
+    if path is None:
+        return set()
+    agents = (read_yaml(path, key="experiment") or {}).get("agents") or {}
+    return {f"agents.{key}.{name}" for key, values in agents.items() if isinstance(values, dict) for name in values}
+
+
+def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Give every agent of the list the `agent_defaults` it does not set itself (its file, the command line
+    and the experiment's `agents.<key>.*` win), and refuse an `agents.<key>` that names no agent of the list
+    (per-agent values keyed by a name the list does not hold), naming the key and the list."""
+    agents = dcfg.agents
+    listed = [key for key in agents if not OmegaConf.is_missing(agents[key], "model")]
+    strays = [key for key in agents if key not in listed]
+    if strays:
+        raise ConfigError([Problem(f"agents.{key}", "settings for an agent the list does not hold",
+                                   f"settings of an agent of the list {listed}",
+                                   f"add it to the list (agents=[...,{key}]) or drop agents.{key}.*; settings for every "
+                                   "agent go under agent_defaults") for key in strays])
+    shared = OmegaConf.to_container(dcfg.agent_defaults, resolve=False) if "agent_defaults" in dcfg else {}
+    if not shared:
+        return
+    names = [f.name for f in fields(AgentConfig)]
+    unknown = [key for key in shared if key not in names]
+    if unknown:
+        raise ConfigError([Problem(f"agent_defaults.{key}", UNKNOWN_KEY, suggest(key, names),
+                                   "agent_defaults holds agents.<key>.* settings; fix the spelling") for key in unknown])
+    own = _agent_file_keys(overrides)
+    explicit = explicit_keys(overrides) | _experiment_agent_keys(overrides)
+    for key in listed:
+        for name, value in shared.items():
+            if name not in own.get(key, set()) and f"agents.{key}.{name}" not in explicit:
+                try:
+                    agents[key][name] = value
+                except OmegaConfBaseException as err:
+                    raise ConfigError([_problem_from_exception(err)]) from None
 
 
 def forget_agent_files() -> None:

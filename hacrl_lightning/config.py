@@ -442,6 +442,11 @@ class TrainConfig:
 
     agents: Dict[str, AgentConfig] = field(default_factory=dict)
     """The agents, by key (`agents=[tiny_a,tiny_b]` selects preset files; `agents.<key>.<setting>=` changes one)."""
+    agent_defaults: Dict[str, Any] = field(default_factory=dict)
+    """Settings for every agent of the list, whatever the list is (`agent_defaults.lr=1e-6`; an experiment's
+    shared recipe). Precedence, lowest first: `AgentConfig`'s default, `agent_defaults`, the agent's own
+    file, `agents.<key>.<setting>` on the command line or in the experiment (docs/agents.md, "Settings for
+    every agent")."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """The RL algorithm (`algorithm=<preset>`)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

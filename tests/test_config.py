@@ -356,3 +356,54 @@ def test_non_finite_numbers_and_bad_seeds_are_config_errors():
     assert problems["agents.tiny_a.lr"].allowed == "a finite number" and "finite" in problems["algorithm.delta"].fix
     assert "[0, 4294967295]" in problems["seed"].allowed
     compose_config(["seed=4294967295", "agents.tiny_a.lr=1e-3"])  # the edges are fine
+
+
+# --- settings for every agent (agent_defaults) -----------------------------------------------------
+
+PAPER_PRESETS = ["qwen3_4b_base", "llama3.2_3b_instruct", "qwen3_1.7b_base", "qwen3_8b_base"]
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml")))
+def test_every_experiment_composes_with_lists_of_one_to_four_agents_and_its_shared_values_reach_each(
+        experiment, tmp_path):
+    # a user's agent file that sets only its model: every shared value of the experiment reaches it
+    mine = tmp_path / "my_model.yaml"
+    mine.write_text("model: zoo:tiny_a\n")
+    shared = yaml.safe_load((CONFIG_DIR / "experiment" / f"{experiment}.yaml").read_text()).get("agent_defaults", {})
+    for count in range(1, 5):
+        listed = [*PAPER_PRESETS[: count - 1], str(mine)]
+        single = ["algorithm=gspo"] if count == 1 else []  # HACPO needs two agents
+        cfg, _ = compose_config([f"experiment={experiment}", f"agents=[{','.join(listed)}]", *single])
+        assert len(cfg.agents) == count
+        for key, value in shared.items():
+            assert getattr(cfg.agents["my_model"], key) == value, (experiment, count, key)
+            for name, agent in cfg.agents.items():  # the paper presets' own files agree with the recipe
+                assert getattr(agent, key) == value or name in ("my_model",), (experiment, name, key)
+
+
+def test_agent_defaults_sit_below_the_agents_file_and_below_its_explicit_settings(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model: zoo:tiny_b\nlr: 3.0e-5\n")
+    cfg, _ = compose_config([f"agents=[tiny_a,{mine}]", "agent_defaults.lr=1e-6", "agent_defaults.max_response_len=40",
+                             "agents.tiny_a.max_response_len=30"])
+    assert cfg.agents["tiny_a"].lr == 1e-4                    # tiny_a's file sets 1e-4: the file wins
+    assert cfg.agents["mine"].lr == 3e-5                      # so does a user's file
+    assert cfg.agents["mine"].max_response_len == 40          # a setting no file names comes from agent_defaults
+    assert cfg.agents["tiny_a"].max_response_len == 30        # the command line's agents.<key>.* wins over both
+    assert cfg.agents["tiny_a"].max_prompt_len == 96          # untouched settings keep the file's values
+
+
+def test_per_agent_values_for_an_agent_not_in_the_list_and_unknown_shared_keys_are_named(tmp_path):
+    (tmp_path / "experiment").mkdir()  # a lab's own experiment, keyed by the names of the agents it was written for
+    (tmp_path / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\nagents:\n  qwen3_4b:\n    lr: 1.0e-5\n  tiny_a:\n    lr: 2.0e-5\n")
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "experiment=mine", "agents=[tiny_a,tiny_b]"]
+    (problem,) = problems_of(overrides)
+    assert problem.key == "agents.qwen3_4b"
+    assert "['tiny_a', 'tiny_b']" in problem.allowed and "agent_defaults" in problem.fix
+    cfg, _ = compose_config([*overrides[:2], "agents=[tiny_a,qwen3_4b]"])
+    assert cfg.agents["tiny_a"].lr == 2e-5 and cfg.agents["qwen3_4b"].lr == 1e-5  # with its list it composes
+    (problem,) = problems_of(["agent_defaults.lrr=1e-6"])
+    assert problem.key == "agent_defaults.lrr" and "lr" in problem.allowed
+    (problem,) = problems_of(["agent_defaults.top_k=many"])  # checked where it lands (no default file sets top_k)
+    assert problem.key.endswith("top_k") and "int" in problem.allowed.lower()
