@@ -474,6 +474,9 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     except OmegaConfBaseException as err:
         raise ConfigError([_problem_from_exception(err)]) from None
     explicit = explicit_keys(overrides)
+    untrusted = code_reward_problems(typed, explicit)
+    if untrusted:
+        raise ConfigError(untrusted)
     refused = composition_problems(typed.algorithm, typed.pair, explicit)
     typed.algorithm = resolve_algorithm(typed.algorithm, typed.pair, explicit)
     if refused:  # with the other problems, each key once
@@ -484,6 +487,22 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     checked = check_run(typed) if preflight else validate(typed)
     cfg.algorithm = OmegaConf.structured(typed.algorithm)  # what is shown and saved is what runs
     return checked
+
+
+def code_reward_problems(cfg: TrainConfig, explicit: frozenset[str]) -> list[Problem]:
+    """A reward that runs code of the user's (`module:function`, `file.py:function`) is taken from the command
+    line only, never from a config file (an experiment or a saved run someone else wrote), as
+    `trust_remote_code` is."""
+    from hacrl_lightning.preflight import reward_specs
+    from hacrl_lightning.rewards.custom import is_code
+
+    problems = []
+    for key, spec in reward_specs(cfg):
+        given = "data.rewards" if key.startswith("data.rewards") else "data.reward"
+        if is_code(spec) and given not in explicit:
+            problems.append(Problem(key, spec, "code named on the command line (a reward from a config file runs "
+                                    "no code)", f"if you trust it, add {given}=... with it to the command line"))
+    return problems
 
 
 def compose_config(overrides: Sequence[str] = (), *, preflight: bool = False) -> tuple[TrainConfig, DictConfig]:

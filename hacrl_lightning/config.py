@@ -341,6 +341,16 @@ class RolloutConfig:
 
 
 @dataclass
+class RewardTerm:
+    """One term of `data.rewards`: a reward and its weight in the sum."""
+
+    reward: str = MISSING
+    """A registered reward's name, `module:function` or `path/to/file.py:function` (hacrl_lightning/rewards/custom.py)."""
+    weight: float = 1.0
+    """Its weight (>= 0; the weights sum to a positive number)."""
+
+
+@dataclass
 class DataConfig:
     """The task: where prompts and gold answers come from, and how responses are rewarded."""
 
@@ -352,7 +362,11 @@ class DataConfig:
     eval_files: List[str] = field(default_factory=list)
     """Math tasks: local held-out files (as train_files); the first `eval_size` problems are used."""
     reward: str = "exact_match"
-    """Reward function by registered name (`exact_match`, `math_verify`)."""
+    """The reward: a registered name (`exact_match`, `math_verify`), or your own function as `module:function` or
+    `path/to/file.py:function` (named on the command line: it runs code; docs/data.md, "A task of your own")."""
+    rewards: List[RewardTerm] = setting(factory=list)
+    """A weighted sum of rewards, `[{reward: math_verify, weight: 1.0}, {reward: 'my.py:fmt', weight: 0.1}]`;
+    when given it is the reward (`data.reward` is not used) and each term is logged as `{agent}/reward/<name>`."""
     reward_workers: int = setting(0, harmless=True)
     """Worker processes that score rewards with a hard per-item timeout (`RewardPool`); 0 scores
     in-process with no timeout (fine for exact_match; `data=math` and `data=gsm8k` set 2 for math_verify)."""
@@ -651,6 +665,12 @@ def _check_rollout(c: Checks, cfg: TrainConfig) -> None:
 
 
 def _check_data(c: Checks, cfg: TrainConfig) -> None:
+    weights = [term.weight for term in cfg.data.rewards]
+    for i, term in enumerate(cfg.data.rewards):
+        if term.weight is None or term.weight < 0:
+            c.bad(f"data.rewards[{i}].weight", term.weight, ">= 0", "give each term a non-negative weight")
+    if weights and all(w is not None and w >= 0 for w in weights) and not sum(weights) > 0:
+        c.bad("data.rewards", weights, "weights that sum to a positive number", "give at least one term a weight > 0")
     if cfg.data.reward_workers is None or cfg.data.reward_workers < 0:
         c.bad("data.reward_workers", cfg.data.reward_workers, "an int >= 0",
               "0 scores in-process; e.g. data.reward_workers=2 for math_verify")

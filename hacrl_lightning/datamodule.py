@@ -32,7 +32,8 @@ from hacrl_lightning.data.filters import drop_overlong_prompts
 from hacrl_lightning.data.records import Example, PromptDataset
 from hacrl_lightning.evaluation import answer_rewards
 from hacrl_lightning.failures import generation_failed, is_out_of_memory
-from hacrl_lightning.rewards import RewardPool, exclude_unscorable, get_reward
+from hacrl_lightning.errors import RunFailed
+from hacrl_lightning.rewards import Reward, RewardPool, exclude_unscorable
 from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
 from hacrl_lightning.step import PromptBatch, StepBatch, step_seed
 
@@ -109,6 +110,10 @@ def _own_copy(exported: Path, rank: int) -> Path:
     return own
 
 
+class RewardFailed(RunFailed):
+    """The run's reward (or one of its terms) failed on every response of a step."""
+
+
 class RolloutDataModule(pl.LightningDataModule):
     """Prompts, engines, rewards and views for one run.
 
@@ -132,7 +137,9 @@ class RolloutDataModule(pl.LightningDataModule):
         self.steps, self.seed, self.engine_dir = steps, seed, Path(engine_dir)
         self.engine_logprobs = engine_logprobs
         self._task = (train_set, eval_set)
-        self.reward_pool = RewardPool(get_reward(data.reward), workers=data.reward_workers,
+        self.reward = Reward.of(data.reward, data.rewards)
+        """What scores a response (`data.reward`, or the weighted terms of `data.rewards`)."""
+        self.reward_pool = RewardPool(self.reward, workers=data.reward_workers,
                                       timeout_s=data.reward_timeout_s)  # workers start on first use
         self.engines: dict[str, RolloutEngine] = {}
         self.train_set: PromptDataset | None = None
@@ -148,7 +155,7 @@ class RolloutDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
             train, held_out = self._task
-            reward = self.data.reward
+            reward = self.reward
             self.train_set = PromptDataset(exclude_unscorable(train, reward, what=f"{train.name} (train)"), name=train.name)
             self.eval_set = PromptDataset(exclude_unscorable(held_out, reward, what=f"{held_out.name} (held out)"),
                                           name=held_out.name)
@@ -244,11 +251,16 @@ class RolloutDataModule(pl.LightningDataModule):
         per_source = {name: make_rollouts(self.agents[name], examples, generations[name]) for name in self.names}
         rollouts: list[Rollout] = [rollout for p in range(len(examples)) for name in self.names  # prompt-major,
                                    for rollout in per_source[name][p * group : (p + 1) * group]]  # source, sample
-        golds = [examples[idx // (n * group)].gold for idx in range(len(rollouts))]
-        for rollout, reward in zip(rollouts, self.reward_pool.score([r.response for r in rollouts], golds)):
+        owners = [examples[idx // (n * group)] for idx in range(len(rollouts))]
+        scores = self.reward_pool.score([r.response for r in rollouts], [ex.gold for ex in owners],
+                                        [ex.extras for ex in owners])
+        for rollout, reward, parts in zip(rollouts, scores, self.reward_pool.parts):
             rollout.reward = reward
+            if self.data.rewards:  # a sum of terms: each term's value, logged per agent
+                rollout.reward_parts = dict(zip(self.reward.names, parts or (0.0,) * len(self.reward.names)))
         reward_s = time.perf_counter() - start
         examples, rollouts, reward_stats = self.gather(examples, rollouts)
+        self._stop_if_a_reward_always_fails(step, reward_stats)
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32).view(len(examples), n, group)
 
         self._phase("exchange")
@@ -257,6 +269,21 @@ class RolloutDataModule(pl.LightningDataModule):
         exchange_s = time.perf_counter() - start
         return StepBatch(examples, rollouts, rewards, views, reward_stats,
                          {"rollout": rollout_s, "reward": reward_s, "exchange": exchange_s}, step=step, started=started)
+
+    def _stop_if_a_reward_always_fails(self, step: int, stats: dict[str, int]) -> None:
+        """A reward (a term, or the whole call: time-outs and crashes) that failed on every response of the step,
+        over all ranks (`stats`: the gathered counts, so every rank decides alike), ends the run in one line:
+        nothing could be learned from its zeros."""
+        items = stats.get("step/items", 0)
+        failing = [key.split("/", 2)[2] for key, count in stats.items() if key.startswith("step/failed/") and count == items]
+        if items and stats.get("step/failed", 0) == items:
+            failing = [self.reward.__name__]
+        if failing:
+            causes = self.reward_pool.term_failures.get(failing[0]) or list(self.reward_pool.failure_causes.values())
+            first = causes[0] if causes else "see the log of rank 0"
+            raise RewardFailed(f"the reward {failing[0]!r} failed on all {items} responses of training step {step + 1} "
+                               f"(first: {first}). Fix the function (or data.reward_timeout_s), then start the run "
+                               "again; each failure is logged with its item")
 
     def _phase(self, phase: str) -> None:
         for listener in self.phase_listeners:
@@ -278,7 +305,9 @@ class RolloutDataModule(pl.LightningDataModule):
         `StepBatchSampler`), and the reward pool's counters summed over ranks: each rank then holds
         the whole step, so the step plan is global (`hacrl_lightning.plan`). A public seam: tests wrap it
         to change a step's scored rollouts before the views are built."""
-        stats = dict(self.reward_pool.stats)
+        pool = self.reward_pool
+        stats = {**pool.stats, "step/items": len(rollouts), "step/failed": len(pool.failures),
+                 **{f"step/failed/{name}": len(causes) for name, causes in pool.term_failures.items()}}
         if self._world == 1:
             return examples, rollouts, stats
         import torch.distributed as dist
@@ -287,7 +316,8 @@ class RolloutDataModule(pl.LightningDataModule):
         dist.all_gather_object(shares, (examples, rollouts, stats))
         examples = [example for share in shares for example in share[0]]
         rollouts = [rollout for share in shares for rollout in share[1]]
-        stats = {key: sum(share[2].get(key, 0) for share in shares) for key in stats}
+        keys = dict.fromkeys(key for share in shares for key in share[2])  # a term may fail on one rank only
+        stats = {key: sum(share[2].get(key, 0) for share in shares) for key in keys}
         return examples, rollouts, stats
 
     # -- held-out evaluation ------------------------------------------------------------------------

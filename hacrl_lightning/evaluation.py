@@ -118,7 +118,11 @@ def answer_rewards(agent: Agent, engine: RolloutEngine, examples: Sequence[Examp
     """One agent's rewards on `samples` answers to each problem, [P, samples] float64 (the one
     held-out scorer: benchmark tables here, and the DataModule's evaluation during training)."""
     answers = _answers(agent, engine, examples, samples=samples, temperature=temperature, seed=seed)
-    flat = score([text for row in answers for text in row], [ex.gold for ex in examples for _ in range(samples)])
+    texts, golds = [text for row in answers for text in row], [ex.gold for ex in examples for _ in range(samples)]
+    if any(ex.extras for ex in examples):  # a data file's extra fields reach a reward that asks for them
+        flat = score(texts, golds, [ex.extras for ex in examples for _ in range(samples)])
+    else:
+        flat = score(texts, golds)
     return torch.tensor(list(flat), dtype=torch.float64).view(len(examples), samples)
 
 

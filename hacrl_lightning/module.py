@@ -243,7 +243,8 @@ class HACRLModule(pl.LightningModule):
                         "time/exchange": data.timings["exchange"], "time/old_logprobs": old_s,
                         "time/update": update_s, **({"time/diagnostics": diagnostics_s} if grad_share else {}),
                         "reward/timeouts": data.reward_stats.get("timeouts", 0),
-                        "reward/crashes": data.reward_stats.get("crashes", 0)})
+                        "reward/crashes": data.reward_stats.get("crashes", 0),
+                        "reward/term_failures": data.reward_stats.get("term_failures", 0)})
         self._record(step, metrics)
         for name in self.names:
             self.log(f"{name[:8]} train reward", metrics[f"{name}/reward"], prog_bar=True, logger=False,
@@ -491,6 +492,8 @@ class HACRLModule(pl.LightningModule):
             metrics[f"{name}/resp_len"] = sum(lengths) / max(1, len(lengths))
             metrics[f"{name}/truncated_frac"] = sum(truncated) / max(1, len(truncated))
             metrics[f"{name}/degenerate/empty_frac"] = sum(not r.response for r in own) / max(1, len(own))
+            for term in (own[0].reward_parts or {}) if own else ():  # a sum of rewards: each term (`data.rewards`)
+                metrics[f"{name}/reward/{term}"] = sum(r.reward_parts[term] for r in own) / len(own)
             for i, partner in enumerate(self.names):
                 if i != j and self.alg.share_rollouts:
                     metrics[f"{name}/omega/{partner}"] = float(omega[i, j])  # factor on learner j's cross term from i

@@ -60,6 +60,7 @@ from hacrl_lightning.hub import download_command, missing_from_hub
 from hacrl_lightning.presets import preset_names
 from hacrl_lightning.run_dir import output_dir_problem
 from hacrl_lightning.rewards import reward_names
+from hacrl_lightning.rewards.custom import RewardError, is_code, load_function
 from hacrl_lightning.rollout.engine import BACKENDS
 
 SAMPLE_PROMPTS = 64
@@ -86,9 +87,30 @@ def name_problems(cfg: TrainConfig) -> List[Problem]:
     c.choice("rollout.backend", cfg.rollout.backend, BACKENDS)
     if cfg.data.name not in task_names():
         c.bad("data.name", cfg.data.name, suggest(cfg.data.name, task_names()), "pick a task, e.g. data=synthetic")
-    if cfg.data.reward not in reward_names():
-        c.bad("data.reward", cfg.data.reward, suggest(cfg.data.reward, reward_names()), "set data.reward to a registered reward")
+    for key, spec in reward_specs(cfg):
+        if not is_code(spec) and spec not in reward_names():
+            c.bad(key, spec, f"{suggest(spec, reward_names())}, module:function or path/to/file.py:function",
+                  f"set {key} to a registered reward or a function of your own")
     return c.problems
+
+
+def reward_specs(cfg: TrainConfig) -> List[tuple]:
+    """(key, spec) of each reward the run uses: `data.rewards`' terms when given, else `data.reward`."""
+    if cfg.data.rewards:
+        return [(f"data.rewards[{i}].reward", term.reward) for i, term in enumerate(cfg.data.rewards)]
+    return [("data.reward", cfg.data.reward)]
+
+
+def reward_code_problems(specs) -> List[Problem]:
+    """A reward of the user's own code that cannot be loaded, each in one line (what was looked for, where)."""
+    problems = []
+    for key, spec in specs:
+        if is_code(spec):
+            try:
+                load_function(spec, key=key)
+            except RewardError as err:
+                problems.append(Problem(key, spec, "a function that loads", str(err)))
+    return problems
 
 
 def pure_problems(cfg: TrainConfig) -> List[Problem]:
@@ -111,6 +133,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 def check_run(cfg: TrainConfig) -> TrainConfig:
     """Raise one `ConfigError` with every problem of `cfg` (pure checks and preflight); return cfg if fine."""
     problems = pure_problems(cfg)
+    problems += reward_code_problems(reward_specs(cfg))
     seen = {p.key for p in problems}
     problems += [p for p in preflight_problems(cfg) if p.key not in seen]
     if problems:
@@ -135,9 +158,10 @@ def evaluate_name_problems(cfg: EvaluateConfig) -> List[Problem]:
         if sampled:
             c.bad("temperature", 0, f"> 0 where several answers per problem are drawn ({sampled})",
                   "leave temperature=null (greedy for one answer, each agent's temperature for several)")
-    if cfg.reward is not None and cfg.reward not in reward_names():
+    if cfg.reward is not None and not is_code(cfg.reward) and cfg.reward not in reward_names():
         c.bad("reward", cfg.reward, suggest(cfg.reward, reward_names()),
-              "set reward to a registered reward, or null (each benchmark's own)")
+              "set reward to a registered reward, module:function, path/to/file.py:function, or null (each "
+              "benchmark's own)")
     if cfg.files.get(SYNTHETIC):
         c.bad(f"files.{SYNTHETIC}", cfg.files[SYNTHETIC], "no files: the synthetic benchmark is generated",
               f"drop files.{SYNTHETIC}")
@@ -169,6 +193,7 @@ def check_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
     benchmark it names, in the local cache or reachable (all at once); what `scripts/evaluate.py`
     runs before it writes or loads anything."""
     problems = evaluate_problems(cfg) + evaluate_name_problems(cfg)
+    problems += reward_code_problems([("reward", cfg.reward)] if cfg.reward else [])
     output = output_dir_problem(cfg.output_dir, key="output_dir", overwrite=cfg.overwrite,
                                 owned=evaluation_folder(cfg.output_dir),
                                 writes="evaluate.yaml, results.json and results.md")

@@ -54,6 +54,8 @@ def check_supported(cfg) -> None:
     needs = [f"algorithm.{key}={getattr(alg, key)}" for key, value in plain.items() if getattr(alg, key) != value]
     needs += [f"agents.{name}.lr_warmup_steps={agent.lr_warmup_steps}"
               for name, agent in cfg.agents.items() if agent.lr_warmup_steps]
+    needs += ["data.rewards (a sum of rewards)"] if cfg.data.rewards else []
+    needs += [f"data.reward={cfg.data.reward} (code of your own)"] if ":" in cfg.data.reward else []
     if needs:
         raise ValueError(f"reference.py has no {', '.join(needs)} (its docstring lists what it leaves out); "
                          "train such a run with the framework (scripts/train.py)")

@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
 
 def _evaluate(cfg, dcfg, out: Path, agents, sources, checkpoints, benchmarks, plans, rewards, device) -> int:
     from hacrl_lightning.evaluation import build_engines, evaluate_agents, format_table, write_results
-    from hacrl_lightning.rewards import RewardPool, get_reward
+    from hacrl_lightning.rewards import Reward, RewardPool
 
     save_resolved(dcfg, out, name="evaluate.yaml")
     for agent in agents.values():
@@ -116,7 +116,7 @@ def _evaluate(cfg, dcfg, out: Path, agents, sources, checkpoints, benchmarks, pl
             print(f"note: {name}'s run is still training: scored at its newest checkpoint, step {info['step']} of "
                   f"{info['steps_wanted']} ({info['file']}); a later checkpoint or its exports will differ")
     with ExitStack() as stack:
-        pools = {reward: stack.enter_context(RewardPool(get_reward(reward), workers=cfg.reward_workers,
+        pools = {reward: stack.enter_context(RewardPool(Reward.of(reward), workers=cfg.reward_workers,
                                                         timeout_s=cfg.reward_timeout_s))
                  for reward in dict.fromkeys(rewards.values())}
         results = evaluate_agents(agents, benchmarks, plans, score={b: pools[r].score for b, r in rewards.items()},

@@ -49,10 +49,13 @@ def test_paper_smoke_is_paper_size_but_for_the_cpu_stand_ins():
     smoke = OmegaConf.to_container(compose_dictconfig(["experiment=paper_smoke"]), resolve=True)
     paper = OmegaConf.to_container(compose_dictconfig(["experiment=paper_size"]), resolve=True)
     assert list(smoke["agents"]) == SMOKE_AGENTS
-    flat_smoke, flat_paper = leaves({k: v for k, v in smoke.items() if k not in ("agents", "run_dir")}), \
-        leaves({k: v for k, v in paper.items() if k not in ("agents", "run_dir")})
+    per_agent = ("agents", "agent_defaults", "run_dir")  # the agents' settings: compared below, where they land
+    flat_smoke, flat_paper = leaves({k: v for k, v in smoke.items() if k not in per_agent}), \
+        leaves({k: v for k, v in paper.items() if k not in per_agent})
     differing = {key for key in flat_smoke.keys() | flat_paper.keys() if flat_smoke.get(key) != flat_paper.get(key)}
     assert differing <= ALLOWED, sorted(differing - ALLOWED)
+    for agents in (smoke["agents"], paper["agents"]):  # as the paper agents: bf16, lr 1e-6, weight decay 0.01
+        assert {(a["dtype"], a["lr"], a["weight_decay"]) for a in agents.values()} == {("bfloat16", 1e-6, 0.01)}
     # the GPU path itself: FSDP2, bf16 compute over fp32 masters, the paper's algorithm and KL
     assert (smoke["trainer"]["strategy"], smoke["trainer"]["precision"]) == ("fsdp", "bf16-mixed")
     assert (smoke["trainer"]["accelerator"], smoke["trainer"]["devices"]) == ("cpu", 2)

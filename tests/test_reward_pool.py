@@ -81,7 +81,7 @@ def test_crashes_and_hangs_score_zero_are_counted_and_the_pool_recovers(caplog):
     with caplog.at_level(logging.WARNING), RewardPool(faulty_reward, workers=2, timeout_s=1.0) as pool:
         assert pool.score(responses, golds) == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         assert pool.failures == {1: "crashes", 3: "crashes", 4: "timeouts", 5: "timeouts", 6: "errors"}
-        assert pool.stats == {"items": 8, "timeouts": 2, "crashes": 2, "errors": 1}
+        assert pool.stats == {"items": 8, "timeouts": 2, "crashes": 2, "errors": 1, "term_failures": 0}
         assert "item 1 of the batch crashed its worker (exit code 3)" in caplog.text
         assert "item 3 of the batch crashed its worker (exit code -11)" in caplog.text  # SIGSEGV
         assert "item 5 of the batch timed out after 1 s" in caplog.text
@@ -89,7 +89,7 @@ def test_crashes_and_hangs_score_zero_are_counted_and_the_pool_recovers(caplog):
         # the replaced workers score the next batch, and the counters keep adding up
         assert pool.score(["\\boxed{7}"] * 6 + ["CRASH"], ["7"] * 6 + ["7"]) == [1.0] * 6 + [0.0]
         assert pool.failures == {6: "crashes"}
-        assert pool.stats == {"items": 15, "timeouts": 2, "crashes": 3, "errors": 1}
+        assert pool.stats == {"items": 15, "timeouts": 2, "crashes": 3, "errors": 1, "term_failures": 0}
     pool.close()  # idempotent
 
 

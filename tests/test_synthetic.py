@@ -63,7 +63,7 @@ def test_too_small_a_problem_space_names_the_setting():
 def test_dataset_is_sized_and_texts_use_the_task_alphabet():
     dataset = synthetic_dataset(DataConfig(eval_size=16), "eval")
     assert isinstance(dataset, PromptDataset) and len(dataset) == 16
-    prompt_id, prompt, gold = dataset[3]
+    prompt_id, prompt, gold, _ = dataset[3]
     assert prompt.startswith("What is") and gold.lstrip("-").isdigit()
     texts = task_texts(n=8)
     assert any(t.startswith("\\boxed{") for t in texts)

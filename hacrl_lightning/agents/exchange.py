@@ -49,6 +49,8 @@ class Rollout:
     finish_reason: FinishReason
     reward: Optional[float] = None
     """Filled by the reward step."""
+    reward_parts: Optional[dict] = None
+    """Each term's value when the reward is a sum of several (`data.rewards`), by term name; else None."""
     engine_logprobs: Optional[list[float]] = None
     """The source engine's log-prob of each of `token_ids` as it sampled them (NaN where it reported none),
     or None when the engine was not asked for them; the trainer compares them with its own

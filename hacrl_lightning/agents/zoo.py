@@ -139,7 +139,8 @@ class ZooSpec:
         spec = asdict(self)
         if not spec["chat_template_kwargs"]:
             del spec["chat_template_kwargs"]  # hashed only when set: the older presets keep their entries
-        del spec["task"]["filter_overlong_prompts"]  # a training-run switch the warm-start never reads
+        for switch in ("filter_overlong_prompts", "rewards"):  # training-run settings the warm-start never reads
+            del spec["task"][switch]
         payload = json.dumps({"format": ZOO_FORMAT, "spec": spec}, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

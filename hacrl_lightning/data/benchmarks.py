@@ -284,9 +284,9 @@ def _gold_text(spec: Benchmark, value: Any, *, path, row: int) -> str:
     return _text(path, row, column, value, numbers=True)
 
 
-def make_example(source: str, prompt: str, gold: str) -> Example:
+def make_example(source: str, prompt: str, gold: str, extras: dict[str, Any] | None = None) -> Example:
     """An Example with a stable id: the source name and a hash of the prompt text."""
-    return Example(f"{source}-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}", prompt, gold)
+    return Example(f"{source}-{hashlib.sha256(prompt.encode()).hexdigest()[:12]}", prompt, gold, extras or {})
 
 
 def benchmark_example(spec: Benchmark, record: dict[str, Any], *, path="<hub>", row: int = 0) -> Example:
@@ -294,7 +294,8 @@ def benchmark_example(spec: Benchmark, record: dict[str, Any], *, path="<hub>", 
     layout = f"{spec.name}'s"
     question = _text(path, row, spec.question, _column(path, row, record, spec.question, layout))
     gold = gold_answer(spec, _column(path, row, record, spec.answer, layout), path=path, row=row)
-    return make_example(spec.name, PROMPT_TEMPLATE.format(question=question), gold)
+    extras = {k: v for k, v in record.items() if k not in (spec.question, spec.answer)} if path != "<hub>" else {}
+    return make_example(spec.name, PROMPT_TEMPLATE.format(question=question), gold, extras)
 
 
 def verl_example(record: dict[str, Any], *, path, row: int, default_source: str) -> Example:
@@ -322,7 +323,8 @@ def verl_example(record: dict[str, Any], *, path, row: int, default_source: str)
     gold = _finite_gold(path, row, "reward_model.ground_truth", truth,
                         _text(path, row, "reward_model.ground_truth", truth, numbers=True))
     source = record.get("data_source") or default_source
-    return make_example(str(source).replace("/", "_"), prompt, gold)
+    extras = {k: v for k, v in record.items() if k not in ("prompt", "reward_model")}
+    return make_example(str(source).replace("/", "_"), prompt, gold, extras)
 
 
 def examples_from_file(spec: Benchmark, path: str | os.PathLike) -> list[Example]:

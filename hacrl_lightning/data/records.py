@@ -10,13 +10,13 @@ batched (the DataModule).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from torch.utils.data import Dataset
 
 
 class Example(NamedTuple):
-    """One prompt of a verifiable task: `(prompt_id, prompt, gold)`."""
+    """One prompt of a verifiable task: `(prompt_id, prompt, gold, extras)`."""
 
     prompt_id: str
     """Stable id of the prompt (the same question always has the same id)."""
@@ -24,6 +24,9 @@ class Example(NamedTuple):
     """The question text, without any chat template."""
     gold: str
     """The reference answer, as the reward function compares it."""
+    extras: Mapping[str, Any] = {}
+    """The data file's other fields of this row (test cases, units, a tolerance): they reach a reward function
+    that asks for them (`rewards.custom`). Never changed in place."""
 
 
 class PromptDataset(Dataset):

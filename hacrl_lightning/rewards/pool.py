@@ -8,7 +8,10 @@ item scores 0.0, is counted in `stats` (`timeouts`, `crashes`; a Python exceptio
 `errors`) and is logged with its index and cause; every other item of the batch is scored
 normally, so results equal a serial run wherever nothing failed.
 
-`workers=0` scores in-process (no pool, no timeout: for cheap rewards such as exact match).
+`workers=0` scores in-process (no pool, no timeout: for cheap rewards such as exact match). A `Reward` of
+several terms (custom.py) returns each term's value and its failed terms: the pool keeps them per item for
+the batch (`parts`, `term_failures`), counts and logs each failed term by name, and passes each item its
+example's extra fields.
 Deliberately not here: the reward math (`math_verify.py`, `exact_match.py`) and which items to
 exclude for an unscorable gold (the data side, via `gold_parses`).
 """
@@ -21,7 +24,7 @@ import multiprocessing
 import sys
 from concurrent.futures.process import BrokenProcessPool
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from pebble import ProcessExpired, ProcessPool
 
@@ -43,34 +46,56 @@ class RewardPool:
         if not timeout_s > 0:
             raise ValueError(f"reward timeout_s={timeout_s} must be > 0 seconds")
         self.reward_fn, self.workers, self.timeout_s = reward_fn, workers, float(timeout_s)
-        self.stats = {"items": 0, "timeouts": 0, "crashes": 0, "errors": 0}
+        self.stats = {"items": 0, "timeouts": 0, "crashes": 0, "errors": 0, "term_failures": 0}
         self.failures: dict[int, str] = {}
         """The last batch's failed items: index -> `timeouts`, `crashes` or `errors`."""
+        self.failure_causes: dict[int, str] = {}
+        """The last batch's failed items: index -> what happened."""
+        self.parts: list[Optional[tuple[float, ...]]] = []
+        """The last batch's term values per item (a `Reward`'s; None where the whole item failed or the reward is
+        a plain function)."""
+        self.term_failures: dict[str, list[str]] = {}
+        """The last batch's failed terms of a `Reward`: term name -> the cause of each failure."""
         self._pool: ProcessPool | None = None
 
-    def score(self, responses: Sequence[str], golds: Sequence[str]) -> list[float]:
-        """One reward per (response, gold); a failed item scores 0.0 and is counted and logged."""
-        if len(responses) != len(golds):
-            raise ValueError(f"score() got {len(responses)} responses but {len(golds)} gold answers; "
-                             "pass one gold answer per response")
+    def score(self, responses: Sequence[str], golds: Sequence[str],
+              extras: Optional[Sequence[Mapping[str, Any]]] = None) -> list[float]:
+        """One reward per (response, gold); a failed item scores 0.0 and is counted and logged. `extras`: each
+        item's example's extra fields, for a `Reward` whose terms ask for them."""
+        if len(responses) != len(golds) or (extras is not None and len(extras) != len(golds)):
+            raise ValueError(f"score() got {len(responses)} responses but {len(golds)} gold answers"
+                             + ("" if extras is None else f" and {len(extras)} extras") + "; pass one per response")
         self.stats["items"] += len(responses)
-        self.failures = {}
+        self.failures, self.failure_causes, self.term_failures = {}, {}, {}
+        self.parts = [None] * len(responses)
+        args = [(r, g) if not hasattr(self.reward_fn, "terms") else (r, g, extras[i] if extras else {})
+                for i, (r, g) in enumerate(zip(responses, golds))]
         if self.workers == 0 or not responses:
-            return [self._in_process(i, r, g) for i, (r, g) in enumerate(zip(responses, golds))]
+            return [self._in_process(i, item) for i, item in enumerate(args)]
         pool = self._running_pool()
-        futures = [pool.schedule(self.reward_fn, args=(r, g), timeout=self.timeout_s)
-                   for r, g in zip(responses, golds)]
+        futures = [pool.schedule(self.reward_fn, args=item, timeout=self.timeout_s) for item in args]
         return [self._result(i, future) for i, future in enumerate(futures)]
 
-    def _in_process(self, index: int, response: str, gold: str) -> float:
+    def _in_process(self, index: int, item: tuple) -> float:
         try:
-            return float(self.reward_fn(response, gold))
+            return self._take(index, self.reward_fn(*item))
         except Exception as error:  # a broken item must not end the run; it scores 0 and is counted
             return self._failed(index, "errors", f"raised {error!r}")
 
+    def _take(self, index: int, result: Any) -> float:
+        """An item's score: a float, or a `Scored` whose parts and failed terms are kept, counted and logged."""
+        if not hasattr(result, "parts"):
+            return float(result)
+        self.parts[index] = tuple(result.parts)
+        for name, cause in result.failures:
+            self.stats["term_failures"] += 1
+            self.term_failures.setdefault(name, []).append(cause)
+            log.warning("reward %s: item %d %s; it scores 0.0", name, index, cause)
+        return float(result.total)
+
     def _result(self, index: int, future: concurrent.futures.Future) -> float:
         try:
-            return float(future.result())
+            return self._take(index, future.result())
         except concurrent.futures.TimeoutError:
             return self._failed(index, "timeouts", f"timed out after {self.timeout_s:g} s; its worker was killed "
                                 "and replaced")
@@ -88,6 +113,7 @@ class RewardPool:
     def _failed(self, index: int, kind: str, cause: str) -> float:
         self.stats[kind] += 1
         self.failures[index] = kind
+        self.failure_causes[index] = cause
         name = getattr(self.reward_fn, "__name__", "reward")
         log.warning("%s: item %d of the batch %s; it scores 0.0", name, index, cause)
         return 0.0
@@ -123,7 +149,7 @@ class RewardPool:
 
 def _warm_up(reward_fn: RewardFn) -> None:
     try:
-        reward_fn("\\boxed{1}", "1")
+        reward_fn("\\boxed{1}", "1", {}) if hasattr(reward_fn, "terms") else reward_fn("\\boxed{1}", "1")
     except Exception:  # a reward that fails here fails on its items too, where it is counted
         pass
 

@@ -1,0 +1,190 @@
+"""Rewards of your own: a registered name, `module:function` or `path/to/file.py:function`, alone or as a
+weighted sum (`data.reward`, `data.rewards`; docs/data.md, "A task of your own").
+
+`Reward` is what scores a response: one or more terms (name, spec, weight), each a function
+`fn(response, gold, ...)` that may also ask for the example's extra fields (its data file's other columns)
+by parameter name, all of them as `extras`, or with `**fields`. It returns `Scored`: the weighted total,
+each term's value, and each term that failed (raised, or returned a value that is not a finite number in
+`RANGE`), which scores 0 and is named. It pickles as its specs and loads the functions in each process, so
+the reward pool's workers run it with the same timeouts and crash isolation as math-verify. Deliberately
+not here: the pool (pool.py), the registered rewards (exact_match.py, math_verify.py), and the rule that a
+reward running code is named on the command line (`cli.code_reward_problems`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+
+from hacrl_lightning.errors import suggest
+from hacrl_lightning.rewards.registry import get_reward
+
+RANGE = (-1.0, 1.0)
+"""Every term's value must be a finite number in this range (the registered rewards give 0 or 1)."""
+
+
+class RewardError(ValueError):
+    """A reward spec that cannot be loaded: the message names the spec, what was looked for, where, and the fix."""
+
+
+class Scored(NamedTuple):
+    """One response's reward: the weighted total, each term's value (0 where it failed) and the failed terms
+    as (name, cause)."""
+
+    total: float
+    parts: tuple[float, ...]
+    failures: tuple[tuple[str, str], ...]
+
+
+def is_code(spec: str) -> bool:
+    """True for `module:function` and `path.py:function` (code of the user's), False for a registered name."""
+    return ":" in str(spec)
+
+
+def load_function(spec: str, *, key: str = "data.reward") -> Callable[..., Any]:
+    """The function a code spec names; RewardError says what was looked for where when it is not there."""
+    target, _, name = str(spec).rpartition(":")
+    if not target or not name:
+        raise RewardError(f"{key}={spec!r}: write module:function or path/to/file.py:function")
+    if target.endswith(".py") or "/" in target:
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise RewardError(f"{key}={spec!r}: no file {path} (a relative path is taken from {Path.cwd()}); "
+                              "fix: give the path of the .py file that defines the function")
+        module = _module_from_file(path, key, spec)
+        where = str(path)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as err:
+            raise RewardError(f"{key}={spec!r}: no module {target!r} can be imported ({err}); fix: install it, "
+                              "or give the file instead: path/to/file.py:function") from None
+        if module.__name__ == "__main__":
+            raise RewardError(f"{key}={spec!r}: a function of the script that is running cannot be imported by the "
+                              "reward workers; fix: put it in a file and give path/to/file.py:function")
+        where = f"module {target}"
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        raise RewardError(f"{key}={spec!r}: {where} has no function {name!r}; {suggest(name, names)}")
+    return fn
+
+
+def _module_from_file(path: Path, key: str, spec: str):
+    """The module of a .py file, loaded once per process under a name of its own (not a package's)."""
+    module_name = "hacrl_user_reward_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[module_name]
+        raise RewardError(f"{key}={spec!r}: importing {path} raised {type(err).__name__}: {err}; fix the file") from None
+    return module
+
+
+def _caller(fn: Callable[..., Any]) -> Callable[[str, str, Mapping[str, Any]], Any]:
+    """`fn` called as (response, gold) plus what its signature asks of the example's extra fields: `extras`
+    (all of them), a field by name, or `**fields`."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[2:]
+    except (TypeError, ValueError):
+        params = []
+    if not params:
+        return lambda response, gold, extras: fn(response, gold)
+
+    def call(response: str, gold: str, extras: Mapping[str, Any]) -> Any:
+        kwargs: dict[str, Any] = {}
+        for param in params:
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                kwargs.update({k: v for k, v in extras.items() if k not in kwargs})
+            elif param.name == "extras":
+                kwargs["extras"] = dict(extras)
+            elif param.name in extras:
+                kwargs[param.name] = extras[param.name]
+            elif param.default is inspect.Parameter.empty and param.kind is not inspect.Parameter.VAR_POSITIONAL:
+                raise KeyError(f"the example has no field {param.name!r} (its fields: {sorted(extras)})")
+        return fn(response, gold, **kwargs)
+
+    return call
+
+
+class Reward:
+    """terms: (name, spec, weight) each; a spec is a registered reward's name or code (`is_code`)."""
+
+    def __init__(self, terms: Sequence[tuple[str, str, float]]):
+        if not terms:
+            raise ValueError("a reward needs at least one term")
+        self.terms = tuple((str(n), str(s), float(w)) for n, s, w in terms)
+        self.registered_functions = {spec: get_reward(spec) for _, spec, _ in self.terms if not is_code(spec)}
+        """The registered terms' functions, taken here: they pickle by reference (their module), so a reward
+        registered by the user's own script reaches the workers; code terms load from their spec there."""
+        self._fns: Optional[list[Callable[[str, str, Mapping[str, Any]], Any]]] = None
+
+    @classmethod
+    def of(cls, reward: str, rewards: Sequence[Any] = ()) -> "Reward":
+        """The reward of `data.reward` / `data.rewards` (a list of {reward, weight}; when given, it is the reward)."""
+        if not rewards:
+            return cls([(term_name(reward), reward, 1.0)])
+        names = [term_name(_get(term, "reward")) for term in rewards]
+        unique = [name if names.count(name) == 1 else f"{name}_{i}" for i, name in enumerate(names)]
+        return cls([(name, _get(term, "reward"), _get(term, "weight", 1.0)) for name, term in zip(unique, rewards)])
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _ in self.terms)
+
+    @property
+    def registered(self) -> tuple[str, ...]:
+        """The registered rewards among the terms (their gold checks apply to the data)."""
+        return tuple(spec for _, spec, _ in self.terms if not is_code(spec))
+
+    @property
+    def __name__(self) -> str:  # what the pool's log lines call it
+        return "+".join(self.names)
+
+    def functions(self) -> list[Callable[[str, str, Mapping[str, Any]], Any]]:
+        if self._fns is None:
+            self._fns = [_caller(load_function(spec) if is_code(spec) else self.registered_functions[spec])
+                         for _, spec, _ in self.terms]
+        return self._fns
+
+    def __call__(self, response: str, gold: str, extras: Optional[Mapping[str, Any]] = None) -> Scored:
+        parts, failures = [], []
+        for (name, _, _), fn in zip(self.terms, self.functions()):
+            try:
+                value = float(fn(response, gold, extras or {}))
+            except Exception as err:  # noqa: BLE001 - a term that fails scores 0 and is named
+                failures.append((name, f"raised {type(err).__name__}: {err}"))
+                value = 0.0
+            else:
+                if not (math.isfinite(value) and RANGE[0] <= value <= RANGE[1]):
+                    failures.append((name, f"returned {value!r}, not a finite number in [{RANGE[0]:g}, {RANGE[1]:g}]"))
+                    value = 0.0
+            parts.append(value)
+        total = sum(weight * part for (_, _, weight), part in zip(self.terms, parts))
+        return Scored(total, tuple(parts), tuple(failures))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"terms": self.terms, "registered_functions": self.registered_functions, "_fns": None}  # code loads again
+
+    def __repr__(self) -> str:
+        return f"Reward({list(self.terms)})"
+
+
+def term_name(spec: str) -> str:
+    """A term's name in logs and metrics: the registered name, or the code's function name."""
+    return str(spec).rpartition(":")[2] if is_code(spec) else str(spec)
+
+
+def _get(term: Any, key: str, default: Any = None) -> Any:
+    return term.get(key, default) if isinstance(term, Mapping) else getattr(term, key, default)
