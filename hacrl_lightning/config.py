@@ -267,6 +267,18 @@ class AlgorithmConfig:
     cross_samples_per_prompt: Any = setting("all", reader="trainer")
     """`all` (the paper) or a positive int: partner responses per prompt a learner trains on,
     drawn uniformly with a seeded generator, so cost per learner need not grow with n."""
+    learner_order: str = setting("own_first", reader="trainer", implied="own_first")
+    """Order of a learner's mini-batches: `own_first` (every learner: its own responses, then partners' in agent
+    order; docs/spec.md §6) or `paper_main` (the code behind the paper's numbers, two agents only: the second
+    learner trains its partner's responses first and its own last; docs/spec.md §11)."""
+    partner_advantage_span: str = setting("learner", reader="trainer", implied="learner")
+    """Which tokens of a partner's response carry the advantage: `learner` (all of the learner's tokens) or
+    `source` (the paper's code, two agents only: the first learner's partner rows get advantage 0 on its tokens
+    past the source's token count; docs/spec.md §11)."""
+    kl_agg_mode: str = setting("policy", reader="loss", implied="policy")
+    """How the KL term is reduced: `policy` (as the policy term: `loss_agg_mode` over the whole mini-batch) or
+    `micro-token-mean` (the paper's code: a token-mean over each micro-batch's own tokens, averaged over the
+    mini-batch's micro-batches, so it depends on `trainer.micro_batch_size`; docs/spec.md §11)."""
 
     # the plain values each pure function of `hacrl_lightning.algorithms` takes (it never sees this class),
     # from the field lists below
@@ -637,6 +649,14 @@ def _check_algorithm(c: Checks, cfg: TrainConfig) -> None:
     except (TypeError, ValueError):
         c.bad("algorithm.cross_samples_per_prompt", alg.cross_samples_per_prompt, "'all' or an int >= 1",
               "use algorithm.cross_samples_per_prompt=all (the paper) or a cap such as 4")
+    c.choice("algorithm.learner_order", alg.learner_order, ("own_first", "paper_main"))
+    c.choice("algorithm.partner_advantage_span", alg.partner_advantage_span, ("learner", "source"))
+    for key, value, plain in (("learner_order", alg.learner_order, "own_first"),
+                              ("partner_advantage_span", alg.partner_advantage_span, "learner")):
+        if value != plain and len(cfg.agents) != 2:
+            c.bad(f"algorithm.{key}", value, f"{plain!r} with {len(cfg.agents)} agents (the paper's code defines it for "
+                  "two: a first and a second model, and no order for a third)", f"set algorithm.{key}={plain}, or "
+                  "train two agents")
     if alg.share_rollouts and len(cfg.agents) < 2:
         c.bad("agents", sorted(cfg.agents), f"at least 2 agents for the collaborative algorithm {alg.name!r}",
               "select more agents (agents=[tiny_a,tiny_b]) or a single-agent algorithm (algorithm=gspo)")

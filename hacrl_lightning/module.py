@@ -45,7 +45,7 @@ from hacrl_lightning.grad_share import measure_grad_share
 from hacrl_lightning.loss_stats import LossStats
 from hacrl_lightning.plan import StepPlan, learner_order
 from hacrl_lightning.step import StepBatch, step_seed
-from hacrl_lightning.update import LearnerTables, MicroBatch, loss_inputs, micro_batches, total_grad_norm
+from hacrl_lightning.update import LearnerTables, MicroBatch, loss_inputs, micro_batches, source_span, total_grad_norm
 
 
 class NonFiniteError(RunFailed):
@@ -223,9 +223,9 @@ class HACRLModule(pl.LightningModule):
         grad_share = every > 0 and (step + 1) % every == 0  # the every-th step, counting from 1
         metrics: dict[str, float] = {}
         for k, name in enumerate(self.names):
-            tables = LearnerTables.of_step(data.views[name], k, advantages=advantages[k].flatten(), old_mean=old_mean,
-                                           old_tokens=old_tokens[name], ref_tokens=ref_tokens.get(name), omega=omega,
-                                           rewards=data.rewards.flatten())
+            tables = LearnerTables.of_step(data.views[name], k, advantages=self._advantages(data, advantages, k),
+                                           old_mean=old_mean, old_tokens=old_tokens[name], omega=omega,
+                                           ref_tokens=ref_tokens.get(name), rewards=data.rewards.flatten())
             metrics.update(self._update_or_fail(k, name, data.views[name], plans[name], tables, lowers, grad_share))
         metrics.update(self.loss_stats.compute({name: len(plans[name]) for name in self.names}))  # over all ranks
         self.loss_stats.reset()
@@ -262,6 +262,20 @@ class HACRLModule(pl.LightningModule):
             raise RuntimeError(f"training step {self.steps_done + 1} arrived without {' and '.join(missing)}: give the "
                                "trainer those callbacks (`training.build_system` makes them)")
         return data.omega, data.cross_lower
+
+    def _advantages(self, data: StepBatch, advantages: torch.Tensor, k: int) -> torch.Tensor:
+        """Learner k's advantage of every response of the step, flat [P·n·G]; with
+        `algorithm.partner_advantage_span=source`, the first learner's partner rows as the paper's code has them
+        (`update.source_span`, docs/spec.md §11)."""
+        flat = advantages[k].flatten()                                                      # [P·n·G]
+        if self.alg.partner_advantage_span != "source" or k != 0:
+            return flat
+        view = data.views[self.names[k]]
+        source_len = torch.tensor([len(data.rollouts[i].token_ids) for i in view.row_idx.tolist()])  # [B]
+        flat = flat.clone()
+        span = source_span(view.loss_mask, view.is_own, source_len)                        # [B] float64
+        flat[view.row_idx] = (flat[view.row_idx] * span).to(flat.dtype)
+        return flat
 
     def _update_or_fail(self, k: int, name: str, view: AgentView, plan: StepPlan, tables: LearnerTables,
                         lowers: tuple[float, ...], grad_share: bool) -> dict[str, float]:
@@ -304,7 +318,7 @@ class HACRLModule(pl.LightningModule):
         so every rank builds the same plan."""
         generator = torch.Generator().manual_seed(step_seed(self.settings.seed, step, salt=31 + k))
         order = learner_order(view.is_own, view.source_idx, view.prompt_idx, learner=k, cross_cap=self.cross_cap,
-                              generator=generator)
+                              generator=generator, partners_first=self.alg.learner_order == "paper_main" and k == 1)
         rank, world = self._rank_world
         return StepPlan.build(order, mini_batch_size=self.settings.mini_batch_size, rank=rank, world=world)
 
@@ -440,9 +454,10 @@ class HACRLModule(pl.LightningModule):
         scaled by the world size times the pass's weight. Returns the loss, its metrics and the micro view."""
         micro = view.select(micro_batch.rows).to(self.device)
         logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)  # [b, T]
+        micro_batch_count = len(plan.micro_batches(m, self.settings.micro_batch_size)) * self._rank_world[1]
         inputs = loss_inputs(view, micro, micro_batch.rows, plan.mini_batches[m], logp, tables, cross_lower=lowers[m],
                              loss_scale_factor=float(agent.cfg.max_response_len),
-                             engine_logp=self.alg.rollout_is_cap > 0, part=part)
+                             engine_logp=self.alg.rollout_is_cap > 0, part=part, micro_batches=micro_batch_count)
         loss, metrics = hacpo_loss(**self.loss_settings, **inputs)
         self.manual_backward(loss * (micro_batch.weight * float(self._rank_world[1])))
         return loss, metrics, micro

@@ -30,10 +30,12 @@ __all__ = ["StepPlan", "learner_order", "split_even"]
 
 
 def learner_order(is_own: Tensor, source_idx: Tensor, prompt_idx: Tensor, *, learner: int,
-                  cross_cap: Optional[int], generator: torch.Generator) -> Tensor:
+                  cross_cap: Optional[int], generator: torch.Generator, partners_first: bool = False) -> Tensor:
     """Row order of one learner's view: own rows first, then partners' in agent order (docs/spec.md §6
     Decision), each part shuffled with `generator`; with `cross_cap`, at most that many partner rows
-    per prompt (`select_cross_samples`). is_own, source_idx, prompt_idx: [B]. Returns row indices [R]."""
+    per prompt (`select_cross_samples`); `partners_first`: the partners' rows first, then its own (the paper
+    code's second learner, `algorithm.learner_order=paper_main`, docs/spec.md §11). is_own, source_idx,
+    prompt_idx: [B]. Returns row indices [R]."""
     own = torch.nonzero(is_own).flatten()
     cross_mask = ~is_own
     if cross_cap is not None:
@@ -43,7 +45,7 @@ def learner_order(is_own: Tensor, source_idx: Tensor, prompt_idx: Tensor, *, lea
     own = own[torch.randperm(len(own), generator=generator)]
     cross = cross[torch.randperm(len(cross), generator=generator)]
     cross = cross[torch.argsort(source_idx[cross], stable=True)]  # partners in agent order
-    return torch.cat([own, cross])
+    return torch.cat([cross, own] if partners_first else [own, cross])
 
 
 def split_even(rows: Tensor, parts: int) -> list[Tensor]:

@@ -43,6 +43,10 @@ PRESETS: dict[str, AlgorithmConfig] = {
         _HACPO, name="naive", capability_baseline=False, cross_loss="self",
         alpha=0.0, delta_step=0.0, omega_factor=False,
     ),
+    # the code behind the paper's numbers (docs/spec.md §11), two agents: learner 2 trains its partner's rows
+    # first, learner 1's partner advantages span the source's tokens, the KL is a micro-batch token-mean
+    "hacpo_paper_main": replace(_HACPO, name="hacpo_paper_main", learner_order="paper_main",
+                                partner_advantage_span="source", kl_agg_mode="micro-token-mean"),
     "gspo": _GSPO,
     # 2G responses per prompt, half the prompts per mini-batch: HACPO's update count at twice the rollouts
     "gspo_x2": replace(_GSPO, name="gspo_x2", rollout_multiplier=2),

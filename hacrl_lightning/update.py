@@ -70,11 +70,12 @@ class LearnerTables:
 
 def loss_inputs(view: AgentView, micro: AgentView, rows: Tensor, mini: Tensor, logp: Tensor, tables: LearnerTables, *,
                 cross_lower: float, loss_scale_factor: float, engine_logp: bool,
-                part: Optional[str] = None) -> dict[str, Any]:
+                part: Optional[str] = None, micro_batches: int = 1) -> dict[str, Any]:
     """`hacpo_loss`'s inputs for `rows` of `view` (`micro`: those rows, selected and on the device of
     `logp`, their new per-token log-probs [b, T]), normalised over the global mini-batch `mini` (its
     sequences, and its tokens for token-mean). `part` ("self" or "cross") keeps only those responses'
-    terms: the others get no tokens, so the two parts sum to the loss (and no reward-based statistics)."""
+    terms: the others get no tokens, so the two parts sum to the loss (and no reward-based statistics).
+    `micro_batches`: the global mini-batch's micro-batch count over every rank (the paper code's KL mean)."""
     device, width = logp.device, logp.shape[1]
     loss_mask = micro.loss_mask                                                             # [b, T]
     if part is not None:
@@ -88,10 +89,21 @@ def loss_inputs(view: AgentView, micro: AgentView, rows: Tensor, mini: Tensor, l
         ref_logp=None if tables.ref_logp is None else tables.ref_logp[rows, :width].to(device),
         total_tokens=view.loss_mask[mini].sum().clamp(min=1).to(device),                    # global mini-batch
         total_seqs=torch.tensor(float(len(mini))).to(device),
-        loss_scale_factor=loss_scale_factor,
+        loss_scale_factor=loss_scale_factor, kl_micro_batches=float(micro_batches),
         engine_logp=micro.engine_logp.to(device) if engine_logp else None,
         rewards=None if part is not None else tables.rewards[rows].to(device),
     )
+
+
+def source_span(loss_mask: Tensor, is_own: Tensor, source_len: Tensor) -> Tensor:
+    """[B] factor on each row's advantage that gives a partner's row of L_k learner tokens the advantage on
+    its first L_src tokens only (L_src: the source's token count), as the paper's code masks its first model's
+    partner rows (docs/spec.md §11): HACPO's sequence-level cross term is the same on every token of a row but
+    for the advantage, so any aggregation linear in the per-token terms gets min(L_src, L_k) / L_k of it.
+    Own rows: 1. loss_mask [B, T] (the learner's response tokens), is_own [B], source_len [B]."""
+    learner_len = loss_mask.sum(-1).to(torch.float64)                                      # [B]
+    span = torch.minimum(source_len.to(torch.float64), learner_len) / learner_len.clamp(min=1)
+    return torch.where(is_own, torch.ones_like(span), span)                               # float64
 
 
 def total_grad_norm(params: Iterable[Tensor], max_norm: float = float("inf")) -> Tensor:

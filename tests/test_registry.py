@@ -26,6 +26,7 @@ COMPONENT_FIELDS = {
     "hacpo_alpha0": {"alpha"},
     "hacpo_no_stepwise": {"delta_step"},
     "hacpo_no_clip": {"cross_clip"},
+    "hacpo_paper_main": {"learner_order", "partner_advantage_span", "kl_agg_mode"},
     "naive": {"capability_baseline", "cross_loss", "alpha", "delta_step", "omega_factor"},
     "gspo": GSPO_FIELDS,
     "gspo_x2": GSPO_FIELDS | {"rollout_multiplier"},

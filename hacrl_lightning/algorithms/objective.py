@@ -115,6 +115,8 @@ class LossSettings:
     """A key of `KL_ESTIMATORS`."""
     rollout_is_cap: float
     """> 0: truncated importance weight of the engine's mismatch on own tokens (0: off)."""
+    kl_agg_mode: str
+    """A key of `KL_AGG_MODES`: `policy` (as the policy term) or `micro-token-mean` (the paper's code)."""
 
     def __post_init__(self) -> None:
         for key, known in LOSS_MODES.items():
@@ -126,8 +128,11 @@ class LossSettings:
         return dict(clip_low=self.clip_low, clip_high=self.clip_high)
 
 
+KL_AGG_MODES = ("policy", "micro-token-mean")
+"""How `_kl_loss` reduces the KL: as the policy term, or as the paper's code (a token-mean over each micro-batch's
+own tokens divided by the mini-batch's micro-batch count, `kl_micro_batches`)."""
 LOSS_MODES = {"ratio_level": RATIO_TERMS, "cross_loss": CROSS_TERMS, "loss_agg_mode": LOSS_AGG_MODES,
-              "kl_estimator": KL_ESTIMATORS}
+              "kl_estimator": KL_ESTIMATORS, "kl_agg_mode": KL_AGG_MODES}
 """The settings that name a registered mode, with the known names (`preflight.name_problems` checks each)."""
 SETTINGS: Tuple[str, ...] = tuple(f.name for f in fields(LossSettings))
 """`hacpo_loss`'s setting keywords (`AlgorithmConfig.loss_settings()` gives exactly these; tests/test_config.py
@@ -168,6 +173,7 @@ def hacpo_loss(
     total_tokens: Union[float, Tensor, None] = None,
     total_seqs: Union[float, Tensor, None] = None,
     loss_scale_factor: Optional[float] = None,
+    kl_micro_batches: Union[float, Tensor] = 1.0,
     **settings: Any,
 ) -> Tuple[Tensor, Metrics]:
     """Loss of learner k on one mini-batch (paper Eq. 53: J = J_homo + J_hete; loss = -J aggregated).
@@ -203,6 +209,8 @@ def hacpo_loss(
       ref_logp [B, T]       reference log-probs (needed when kl_coef > 0)
       rewards [B]           each response's reward (optional; only the diagnostics read it: > 0 is correct)
       total_tokens, total_seqs, loss_scale_factor: see `aggregate_loss` (micro-batching, Dr. GRPO)
+      kl_micro_batches      kl_agg_mode == "micro-token-mean": the global mini-batch's micro-batch count (every
+                            rank's), which each micro-batch's own-token KL mean is divided by
       rollout_is_cap, engine_logp [B, T]: with a cap > 0, each own response token's policy term is
                             weighted by `truncated_is_weight(old_logp, engine_logp, cap)` (the sampler's
                             log-probs, NaN where unknown; needs old_logp); cross rows keep weight 1
@@ -230,7 +238,7 @@ def hacpo_loss(
     loss = policy_loss
     metrics["loss/policy"] = policy_loss.detach()
     if s.kl_coef > 0:
-        kl = _kl_loss(x, s, ref_logp, agg)
+        kl = _kl_loss(x, s, ref_logp, agg, micro_batches=kl_micro_batches)
         loss = policy_loss + s.kl_coef * kl
         metrics["loss/kl"] = kl.detach()
     metrics["loss/total"] = loss.detach()
@@ -394,12 +402,19 @@ def _rollout_is_weight(x: LossInputs, cap: float, engine_logp: Optional[Tensor],
     return weight
 
 
-def _kl_loss(x: LossInputs, s: LossSettings, ref_logp: Optional[Tensor], agg: Dict[str, Any]) -> Tensor:
-    """The KL to the reference on own tokens, aggregated like the policy term."""
+def _kl_loss(x: LossInputs, s: LossSettings, ref_logp: Optional[Tensor], agg: Dict[str, Any], *,
+             micro_batches: Union[float, Tensor] = 1.0) -> Tensor:
+    """The KL to the reference on own tokens, aggregated like the policy term (`policy`), or as the paper's code
+    (`micro-token-mean`): Σ k3 over this micro-batch's own tokens / (their count + 1e-8), divided by the
+    mini-batch's micro-batch count, so the micro-batches' terms sum to their mean."""
     if ref_logp is None:
         raise ValueError(f"kl_coef={s.kl_coef} > 0 needs ref_logp [B, T] from the learner's reference model")
     ref_logp = torch.where(x.mask, ref_logp.to(x.logp_new), torch.zeros_like(x.logp_new))  # [B, T]
-    return aggregate_loss(kl_penalty(x.logp_new, ref_logp, estimator=s.kl_estimator), x.mask & x.own[:, None], **agg)
+    per_token = kl_penalty(x.logp_new, ref_logp, estimator=s.kl_estimator)                   # [B, T]
+    own = x.mask & x.own[:, None]
+    if s.kl_agg_mode == "micro-token-mean":
+        return (per_token * own).sum() / (own.sum() + 1e-8) / micro_batches
+    return aggregate_loss(per_token, own, **agg)
 
 
 def _ppo_metrics(
