@@ -499,7 +499,7 @@ def code_reward_problems(cfg: TrainConfig, explicit: frozenset[str]) -> list[Pro
     problems = []
     for key, spec in reward_specs(cfg):
         given = "data.rewards" if key.startswith("data.rewards") else "data.reward"
-        if is_code(spec) and given not in explicit:
+        if is_code(spec) and not any(key == given or key.startswith(given + ".") for key in explicit):
             problems.append(Problem(key, spec, "code named on the command line (a reward from a config file runs "
                                     "no code)", f"if you trust it, add {given}=... with it to the command line"))
     return problems

@@ -70,6 +70,8 @@ def _leaf_fields(root: type, prefix: str = ""):
             yield from _leaf_fields(kind, f"{prefix}{f.name}.")
         elif typing.get_origin(kind) in (dict, Dict) and len(args) == 2 and is_dataclass(args[1]):
             yield from _leaf_fields(args[1], f"{prefix}{f.name}.*.")
+        elif typing.get_origin(kind) in (dict, Dict) and f.metadata:  # a free dict with facts: any of its keys
+            yield f"{prefix}{f.name}.*", f
         else:
             yield f"{prefix}{f.name}", f
 
@@ -164,7 +166,7 @@ class AgentConfig:
     """A system message put before every prompt in the chat template (null: none)."""
     # optimizer (AdamW) and schedule
     lr: float = 1e-6
-    """AdamW learning rate (the paper's 1e-6 for real models; the tiny zoo agents use 1e-4)."""
+    """AdamW learning rate (the paper's 1e-6 for real models; the warm-started tiny zoo agents use 1e-4)."""
     weight_decay: float = 0.0
     """AdamW weight decay (verl's default 0.01 in the paper's runs)."""
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -376,7 +378,7 @@ class DataConfig:
     reward: str = "exact_match"
     """The reward: a registered name (`exact_match`, `math_verify`), or your own function as `module:function` or
     `path/to/file.py:function` (named on the command line: it runs code; docs/data.md, "A task of your own")."""
-    rewards: List[RewardTerm] = setting(factory=list)
+    rewards: List[RewardTerm] = setting(factory=list, implied=[])
     """A weighted sum of rewards, `[{reward: math_verify, weight: 1.0}, {reward: 'my.py:fmt', weight: 0.1}]`;
     when given it is the reward (`data.reward` is not used) and each term is logged as `{agent}/reward/<name>`."""
     reward_workers: int = setting(0, harmless=True)
@@ -468,11 +470,12 @@ class TrainConfig:
 
     agents: Dict[str, AgentConfig] = field(default_factory=dict)
     """The agents, by key (`agents=[tiny_a,tiny_b]` selects preset files; `agents.<key>.<setting>=` changes one)."""
-    agent_defaults: Dict[str, Any] = field(default_factory=dict)
+    agent_defaults: Dict[str, Any] = setting(factory=dict, harmless=True, unhashed=True)
     """Settings for every agent of the list, whatever the list is (`agent_defaults.lr=1e-6`; an experiment's
     shared recipe). Precedence, lowest first: `AgentConfig`'s default, `agent_defaults`, the agent's own
     file, `agents.<key>.<setting>` on the command line or in the experiment (docs/agents.md, "Settings for
-    every agent")."""
+    every agent"). What it changes lands in `agents.*`, which a resume compares and a comparison hashes, so
+    it is itself neither."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """The RL algorithm (`algorithm=<preset>`)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -508,10 +511,6 @@ class TrainConfig:
 DTYPES = ("float32", "bfloat16", "float16")
 STRATEGIES = ("auto", "single", "fsdp")
 PRECISIONS = ("32-true", "bf16-mixed")
-
-
-RUN_LOCATION_KEYS = setting_keys("location")
-"""Where a run lives and reads from, not how it trains: left out when runs' settings are compared."""
 
 
 def flat_values(cfg: Any) -> Dict[str, Any]:
@@ -653,6 +652,10 @@ def _check_algorithm(c: Checks, cfg: TrainConfig) -> None:
     c.choice("algorithm.partner_advantage_span", alg.partner_advantage_span, ("learner", "source"))
     for key, value, plain in (("learner_order", alg.learner_order, "own_first"),
                               ("partner_advantage_span", alg.partner_advantage_span, "learner")):
+        if key == "partner_advantage_span" and value != plain and alg.ratio_level != "sequence":
+            c.bad(f"algorithm.{key}", value, f"{plain!r} with ratio_level={alg.ratio_level!r} (it is exact for "
+                  "sequence-level ratios, whose per-token terms differ only by the advantage)",
+                  f"set algorithm.{key}={plain}, or algorithm.ratio_level=sequence")
         if value != plain and len(cfg.agents) != 2:
             c.bad(f"algorithm.{key}", value, f"{plain!r} with {len(cfg.agents)} agents (the paper's code defines it for "
                   "two: a first and a second model, and no order for a third)", f"set algorithm.{key}={plain}, or "

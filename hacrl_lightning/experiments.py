@@ -20,6 +20,8 @@ Deliberately not here: launching runs and Hydra (`scripts/compare.py` runs each 
 
 from __future__ import annotations
 
+import fnmatch
+
 import csv
 import hashlib
 import json
@@ -65,7 +67,8 @@ def resolved_values(config_yaml: str) -> dict[str, Any]:
         typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.create(config_yaml)))
     except OmegaConfBaseException as err:
         raise ValueError(f"not a training config: {str(err).splitlines()[0]}") from None
-    return {key: value for key, value in flat_values(typed).items() if key not in HASH_IGNORES}
+    return {key: value for key, value in flat_values(typed).items()
+            if not any(fnmatch.fnmatchcase(key, pattern) for pattern in HASH_IGNORES)}
 
 
 def config_hash(values: dict[str, Any]) -> str:

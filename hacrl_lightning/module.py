@@ -25,6 +25,7 @@ once per step. Deliberately not here: sampling, rewards and retokenization (the 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -454,7 +455,8 @@ class HACRLModule(pl.LightningModule):
         scaled by the world size times the pass's weight. Returns the loss, its metrics and the micro view."""
         micro = view.select(micro_batch.rows).to(self.device)
         logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)  # [b, T]
-        micro_batch_count = len(plan.micro_batches(m, self.settings.micro_batch_size)) * self._rank_world[1]
+        own_passes = math.ceil(len(plan.share(m)) / self.settings.micro_batch_size)   # this rank's, no stand-ins
+        micro_batch_count = max(1, own_passes) * self._rank_world[1]
         inputs = loss_inputs(view, micro, micro_batch.rows, plan.mini_batches[m], logp, tables, cross_lower=lowers[m],
                              loss_scale_factor=float(agent.cfg.max_response_len),
                              engine_logp=self.alg.rollout_is_cap > 0, part=part, micro_batches=micro_batch_count)

@@ -50,7 +50,8 @@ def check_supported(cfg) -> None:
     """Refuse a run config (`TrainConfig`) that needs something this file leaves out, naming each setting."""
     alg = cfg.algorithm
     plain = {"share_rollouts": True, "ratio_level": "sequence", "kl_coef": 0.0, "rollout_is_cap": 0.0,
-             "rollout_multiplier": 1, "cross_samples_per_prompt": "all"}
+             "rollout_multiplier": 1, "cross_samples_per_prompt": "all", "learner_order": "own_first",
+             "partner_advantage_span": "learner", "kl_agg_mode": "policy"}
     needs = [f"algorithm.{key}={getattr(alg, key)}" for key, value in plain.items() if getattr(alg, key) != value]
     needs += [f"agents.{name}.lr_warmup_steps={agent.lr_warmup_steps}"
               for name, agent in cfg.agents.items() if agent.lr_warmup_steps]

@@ -19,15 +19,6 @@ from typing import Any
 from hacrl_lightning.config import TrainConfig, flat_values, implied_values, setting_keys
 from hacrl_lightning.errors import Problem
 
-HARMLESS = setting_keys("harmless")
-"""Keys (glob patterns) a resume may change (`setting(harmless=True)`); `pair.*` is resolved into `algorithm.*`,
-which is compared."""
-IMPLIED = implied_values()
-"""Settings added after runs may have started, with the value such a run trained with (`setting(implied=)`): a
-`run_config.json` without the key is compared as if it held this value (so an older run resumes when the new
-command keeps the old behaviour, and is told which value does when it does not)."""
-
-
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     """The config as plain data (what `run_config.json` holds)."""
     return dataclasses.asdict(cfg)

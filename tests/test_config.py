@@ -407,3 +407,22 @@ def test_per_agent_values_for_an_agent_not_in_the_list_and_unknown_shared_keys_a
     assert problem.key == "agent_defaults.lrr" and "lr" in problem.allowed
     (problem,) = problems_of(["agent_defaults.top_k=many"])  # checked where it lands (no default file sets top_k)
     assert problem.key.endswith("top_k") and "int" in problem.allowed.lower()
+
+
+def test_agent_defaults_are_neither_compared_on_resume_nor_hashed():
+    """What agent_defaults change lands in agents.*, which a resume compares and a comparison hashes: a run whose
+    agent_defaults differ but whose agents do not resumes, and its hash does not move."""
+    from hacrl_lightning.experiments import HASH_IGNORES
+    from hacrl_lightning.resume import config_dict, resume_changes
+
+    plain, _ = compose_config([])
+    shared, _ = compose_config(["agent_defaults.lr=1e-6"])  # tiny_a and tiny_b set their own lr: nothing lands
+    assert shared.agents == plain.agents
+    problems, allowed = resume_changes(config_dict(plain), shared, at_step=1, completed=False)
+    assert problems == [] and allowed == {"agent_defaults.lr": ("<absent>", 1e-6)}
+    assert "agent_defaults.*" in HASH_IGNORES
+
+
+def test_the_source_span_needs_sequence_level_ratios():
+    (problem,) = problems_of(["algorithm=hacpo_paper_main", "algorithm.ratio_level=token"])
+    assert problem.key == "algorithm.partner_advantage_span" and "ratio_level=sequence" in problem.fix

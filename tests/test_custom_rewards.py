@@ -219,3 +219,13 @@ def test_a_reward_that_fails_on_every_response_stops_the_run_in_one_line(terms, 
     last = done.stderr.strip().splitlines()[-1]
     assert "the reward 'broken' failed on all 8 responses of training step 1 (first: raised ValueError: no answer " \
            "here)" in last, done.stderr[-2000:]
+
+
+def test_keyword_fields_never_replace_the_response_or_the_gold(terms):
+    # a data column named `gold` or `response` reaches **fields of no function: the first two are the answer's
+    assert Reward.of(f"{terms}:keywords")("x", "y", {"unit": "m", "gold": "other", "response": "z"}).total == 1.0
+
+
+def test_a_term_of_data_rewards_set_by_index_on_the_command_line_counts_as_the_command_lines(terms):
+    cfg, _ = compose_config([f"data.rewards=[{{reward: exact_match}}]", f"data.rewards.0.reward={terms}:half"])
+    assert cfg.data.rewards[0].reward == f"{terms}:half"

@@ -354,12 +354,16 @@ def test_resume_changes_refuse_what_alters_the_run_and_record_the_rest(zoo_cache
 
 
 def test_a_run_saved_before_a_setting_existed_resumes_with_the_old_behaviour(zoo_cache, tmp_path):
-    """A `run_config.json` written before `algorithm.dual_clip_c`, `algorithm.rollout_is_cap` and
-    `data.filter_overlong_prompts` existed: its run trained without them (`resume.IMPLIED`). Today's defaults
-    change two of them, and the resume says which values keep the run as it was; with those it resumes."""
+    """A `run_config.json` written before `algorithm.dual_clip_c`, `algorithm.rollout_is_cap`,
+    `data.filter_overlong_prompts`, `data.rewards`, `agent_defaults` and the paper-code settings existed: its run
+    trained without them (`setting(implied=)`, `config.implied_values`). Today's defaults change two of them, and
+    the resume says which values keep the run as it was; with those it resumes."""
     saved = config_dict(config(tmp_path, zoo_cache, "trainer.steps=4"))
-    for section, key in (("algorithm", "dual_clip_c"), ("algorithm", "rollout_is_cap"), ("data", "filter_overlong_prompts")):
+    for section, key in (("algorithm", "dual_clip_c"), ("algorithm", "rollout_is_cap"), ("data", "filter_overlong_prompts"),
+                         ("data", "rewards"), ("algorithm", "learner_order"), ("algorithm", "partner_advantage_span"),
+                         ("algorithm", "kl_agg_mode")):
         del saved[section][key]
+    del saved["agent_defaults"]
     problems, _ = resume_changes(saved, config(tmp_path, zoo_cache, "trainer.steps=4"), at_step=2, completed=False)
     assert {p.key: p.fix.split(",")[0] for p in problems} == {
         "algorithm.dual_clip_c": "resume with algorithm.dual_clip_c=null",

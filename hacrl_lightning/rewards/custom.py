@@ -96,9 +96,10 @@ def _caller(fn: Callable[..., Any]) -> Callable[[str, str, Mapping[str, Any]], A
     """`fn` called as (response, gold) plus what its signature asks of the example's extra fields: `extras`
     (all of them), a field by name, or `**fields`."""
     try:
-        params = list(inspect.signature(fn).parameters.values())[2:]
+        every = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        params = []
+        every = []
+    params, first_two = every[2:], {p.name for p in every[:2]}
     if not params:
         return lambda response, gold, extras: fn(response, gold)
 
@@ -106,7 +107,7 @@ def _caller(fn: Callable[..., Any]) -> Callable[[str, str, Mapping[str, Any]], A
         kwargs: dict[str, Any] = {}
         for param in params:
             if param.kind is inspect.Parameter.VAR_KEYWORD:
-                kwargs.update({k: v for k, v in extras.items() if k not in kwargs})
+                kwargs.update({k: v for k, v in extras.items() if k not in kwargs and k not in first_two})
             elif param.name == "extras":
                 kwargs["extras"] = dict(extras)
             elif param.name in extras:
