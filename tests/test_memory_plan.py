@@ -219,6 +219,18 @@ def test_plan_script_json_and_its_changes_fit(script_main, capsys, tmp_path):
     assert fixed["fits"] is True and fixed["bytes"]["total"] == plan["changes"][-1]["total"]
 
 
+def test_plan_script_takes_any_agent_list_with_the_experiments_shared_settings(script_main, capsys, tmp_path):
+    """plan.py composes as train.py does: the paper experiment's agent_defaults reach four agents it was not
+    written for (issue 39), and the plan names each."""
+    four = "agents=[qwen3_4b_base,llama3.2_3b_instruct,qwen3_1.7b_base,qwen3_8b_base]"
+    main = script_main("plan")
+    main(["experiment=paper_size", four, "--json", str(tmp_path / "plan.json")])
+    out = capsys.readouterr().out
+    for key in ("qwen3_4b_base", "llama3_2_3b_instruct", "qwen3_1_7b_base", "qwen3_8b_base"):
+        assert key in out
+    assert json.loads((tmp_path / "plan.json").read_text())["world"] == 8
+
+
 def test_plan_script_writes_an_sbatch_script(script_main, capsys):
     assert script_main("plan")(["experiment=paper_model", "rollout=vllm", "trainer.micro_batch_size=1",
                                 "--sbatch", "2"]) in (0, 1)
