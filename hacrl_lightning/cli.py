@@ -422,8 +422,11 @@ def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> None:
     and the experiment's `agents.<key>.*` win), and refuse an `agents.<key>` that names no agent of the list
     (per-agent values keyed by a name the list does not hold), naming the key and the list."""
     agents = dcfg.agents
+    own = _agent_file_keys(overrides)
     listed = [key for key in agents if not OmegaConf.is_missing(agents[key], "model")]
-    strays = [key for key in agents if key not in listed]
+    # no model: settings keyed by an agent the list lacks, unless it is an agent file without `model:` (the
+    # schema says that one itself)
+    strays = [key for key in agents if key not in listed and not (key in own and "model" not in own[key])]
     if strays:
         raise ConfigError([Problem(f"agents.{key}", "settings for an agent the list does not hold",
                                    f"settings of an agent of the list {listed}",
@@ -437,7 +440,6 @@ def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> None:
     if unknown:
         raise ConfigError([Problem(f"agent_defaults.{key}", UNKNOWN_KEY, suggest(key, names),
                                    "agent_defaults holds agents.<key>.* settings; fix the spelling") for key in unknown])
-    own = _agent_file_keys(overrides)
     explicit = explicit_keys(overrides) | _experiment_agent_keys(overrides)
     for key in listed:
         for name, value in shared.items():

@@ -426,3 +426,10 @@ def test_agent_defaults_are_neither_compared_on_resume_nor_hashed():
 def test_the_source_span_needs_sequence_level_ratios():
     (problem,) = problems_of(["algorithm=hacpo_paper_main", "algorithm.ratio_level=token"])
     assert problem.key == "algorithm.partner_advantage_span" and "ratio_level=sequence" in problem.fix
+
+
+def test_an_agent_file_without_a_model_is_told_so_not_called_a_stray(tmp_path):
+    mine = tmp_path / "nomodel.yaml"
+    mine.write_text("lr: 1.0e-5\n")
+    problems = problems_of([f"agents=[tiny_a,{mine}]"])
+    assert any(p.key == "agents.nomodel.model" for p in problems), problems
