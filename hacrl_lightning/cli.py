@@ -422,8 +422,10 @@ def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> None:
     and the experiment's `agents.<key>.*` win), and refuse an `agents.<key>` that names no agent of the list
     (per-agent values keyed by a name the list does not hold), naming the key and the list."""
     agents = dcfg.agents
-    own = _agent_file_keys(overrides)
     listed = [key for key in agents if not OmegaConf.is_missing(agents[key], "model")]
+    shared = OmegaConf.to_container(dcfg.agent_defaults, resolve=False) if "agent_defaults" in dcfg else {}
+    # the agent files are read only when needed: an agent without a model, or settings for every agent
+    own = _agent_file_keys(overrides) if shared or len(listed) < len(agents) else {}
     # no model: settings keyed by an agent the list lacks, unless it is an agent file without `model:` (the
     # schema says that one itself)
     strays = [key for key in agents if key not in listed and not (key in own and "model" not in own[key])]
@@ -432,7 +434,6 @@ def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> None:
                                    f"settings of an agent of the list {listed}",
                                    f"add it to the list (agents=[...,{key}]) or drop agents.{key}.*; settings for every "
                                    "agent go under agent_defaults") for key in strays])
-    shared = OmegaConf.to_container(dcfg.agent_defaults, resolve=False) if "agent_defaults" in dcfg else {}
     if not shared:
         return
     names = [f.name for f in fields(AgentConfig)]

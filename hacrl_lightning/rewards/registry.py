@@ -7,12 +7,10 @@ taken name raises. Deliberately not here: the rewards themselves (registered in 
 
 from __future__ import annotations
 
-import logging
 from typing import Callable, Dict
 
 from hacrl_lightning.errors import suggest
 
-log = logging.getLogger(__name__)
 RewardFn = Callable[[str, str], float]
 GoldCheck = Callable[[str], bool]
 REWARDS: Dict[str, RewardFn] = {}
