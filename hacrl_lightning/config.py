@@ -189,6 +189,11 @@ class AgentConfig:
     gradient_checkpointing: bool = setting(False, harmless=True)
     """Recompute activations in the backward pass (less memory, about a third more compute); the
     update is the same."""
+    ranks: int = 0
+    """`trainer.placement=split`: how many of the world's ranks (GPUs) hold this agent: its weights, optimizer
+    state, KL reference and engine, FSDP2-sharded over them (0: the plan picks, in proportion to what each
+    agent holds, at least one each; set for every agent, the sizes sum to the world size). Ignored under
+    `shared`."""
 
 
 @dataclass
@@ -348,6 +353,10 @@ class RolloutConfig:
     """G: responses per prompt per agent."""
     generation_batch_size: int = 64
     """Sequences generated at once by the HF backend (bounds memory)."""
+    sleep: bool = False
+    """vLLM backend: put each engine to sleep (level 2: weights and KV cache released) once it has generated,
+    and wake it in stages before its next rollout (weights, the weight sync, then the KV cache), so the GPU
+    holds it only while it generates. Needs a platform with vLLM's sleep mode (CUDA); refused elsewhere."""
     vllm_in_process: bool = False
     """vLLM backend: each engine's worker in the trainer's process (weights pushed as tensors) rather than
     in a process of its own (weights pushed through its model directory; the default: vLLM then cannot
@@ -456,6 +465,14 @@ class TrainerConfig:
     """Measure how much of each learner's update comes from partners' responses (`{agent}/diag/cross_grad_share`)
     on every this many steps (the 10th, 20th, ...; 0: never). It costs about one more forward and backward
     pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics)."""
+    placement: str = "shared"
+    """Where the agents live (docs/training.md#placement): `shared`, every rank holds every agent (each FSDP2-
+    sharded over all ranks); `split`, the ranks are divided into one group per agent (`agents.<key>.ranks`)
+    and an agent exists only on its group, which generates its responses; the responses, never weights,
+    cross between groups. Needs `trainer.strategy=fsdp` and at least one rank per agent."""
+    offload_idle: bool = False
+    """Keep each agent's training state (weights, gradients, AdamW moments, KL reference) in host memory except
+    while that agent scores old log-probs or updates (docs/training.md#placement); the update is the same."""
     gpu_memory_gib: float = setting(80.0, harmless=True)
     """GiB (2^30 bytes) of one GPU for the memory plan (`scripts/plan.py`, and train.py's preflight on a
     GPU; docs/PERFORMANCE.md#the-memory-plan): the H100's 80 by default. Where CUDA is present the
@@ -510,6 +527,7 @@ class TrainConfig:
 
 DTYPES = ("float32", "bfloat16", "float16")
 STRATEGIES = ("auto", "single", "fsdp")
+PLACEMENTS = ("shared", "split")
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
@@ -721,6 +739,12 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.devices", tr.devices)
     c.positive("trainer.num_nodes", tr.num_nodes)
     c.choice("trainer.strategy", tr.strategy, STRATEGIES)
+    c.choice("trainer.placement", tr.placement, PLACEMENTS)
+    if tr.placement == "split":
+        from hacrl_lightning.placement import split_problems
+
+        for key, value, allowed, fix in split_problems(cfg):
+            c.bad(key, value, allowed, fix)
     if tr.precision not in PRECISIONS:
         low = str(tr.precision).endswith("-true") and str(tr.precision) != "32-true"
         c.bad("trainer.precision", tr.precision, f"one of {list(PRECISIONS)} (fp32 master weights and optimizer state)",

@@ -28,10 +28,11 @@ from torch.utils.data import DataLoader, Sampler
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.agents.exchange import AgentView, Rollout, make_rollouts, view_for
 from hacrl_lightning.config import DataConfig, RolloutConfig
-from hacrl_lightning.data.filters import drop_overlong_prompts
+from hacrl_lightning.data.filters import drop_overlong_prompts, keep_fitting, prompt_lengths
 from hacrl_lightning.data.records import Example, PromptDataset
 from hacrl_lightning.evaluation import answer_rewards
 from hacrl_lightning.failures import generation_failed, is_out_of_memory
+from hacrl_lightning.placement import Placement
 from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.rewards import Reward, RewardPool, exclude_unscorable
 from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
@@ -99,12 +100,13 @@ class ResumableLoader(DataLoader):
         self.served = 0
 
 
-def _own_copy(exported: Path, rank: int) -> Path:
+def _own_copy(exported: Path, rank: int, group=None) -> Path:
     """This rank's copy of an agent's export, for its own engine to load and sync through (ranks must not
-    write one directory at once). Rank 0 wrote the export (`Agent.export`); every rank waits for it."""
+    write one directory at once). The first rank of the agent's `group` (None: the world) wrote the export
+    (`Agent.export`); every rank of it waits for it."""
     import shutil
 
-    torch.distributed.barrier()
+    torch.distributed.barrier(group=group)
     own = exported.with_name(f"{exported.name}-rank{rank}")
     shutil.copytree(exported, own, dirs_exist_ok=True)
     return own
@@ -123,14 +125,19 @@ class RolloutDataModule(pl.LightningDataModule):
     the run's budget and seed; engine_dir: where an engine may write weights (vLLM); engine_logprobs:
     ask every engine for the sampled tokens' log-probs (the truncated importance-sampling correction
     needs them); an engine that reports them at no cost (`free_logprobs`: vLLM) is always asked, for the
-    rollout/trainer mismatch metric."""
+    rollout/trainer mismatch metric; placement: which agents live on this rank (`agents` are those; default:
+    every agent here)."""
 
     def __init__(self, agents: dict[str, Agent], *, train_set: PromptDataset, eval_set: PromptDataset,
                  data: DataConfig, rollout: RolloutConfig, responses_per_prompt: int, share_rollouts: bool,
-                 steps: int, seed: int, engine_dir: Path, engine_logprobs: bool = False):
+                 steps: int, seed: int, engine_dir: Path, engine_logprobs: bool = False,
+                 placement: Placement | None = None):
         super().__init__()
         self.agents = agents
-        self.names = list(agents)
+        """The agents this rank holds (all of them unless `trainer.placement=split`)."""
+        self.placement = placement or Placement.shared(list(agents))
+        self.names = list(self.placement.names)
+        """Every agent of the run, in config order."""
         self.data, self.rollout_cfg = data, rollout
         self.group_size = responses_per_prompt
         self.share_rollouts = share_rollouts
@@ -161,14 +168,19 @@ class RolloutDataModule(pl.LightningDataModule):
                                           name=held_out.name)
             if self.data.filter_overlong_prompts:
                 self._drop_overlong()
+        if self._world > 1:
+            self.placement.connect()  # split: the groups' process groups, before anything uses them
         if not self.engines:
             backend = self.rollout_cfg.backend
+            split = self.placement.is_split
             for name, agent in self.agents.items():
                 options = engine_options(agent, backend, batch_size=self.rollout_cfg.generation_batch_size,
                                          seed=self.seed, export_to=self.engine_dir / name,
-                                         in_process=self.rollout_cfg.vllm_in_process)
+                                         in_process=self.rollout_cfg.vllm_in_process,
+                                         writes=self.placement.rank_in(name) == 0 if split else None)
                 if "model_dir" in options and self._world > 1:
-                    options["model_dir"] = _own_copy(options["model_dir"], self._rank)
+                    options["model_dir"] = _own_copy(options["model_dir"], self._rank,
+                                                     self.placement.process_group(name))
                 self.engines[name] = make_engine(backend, agent.model, **options)
 
     def _drop_overlong(self) -> None:
@@ -176,13 +188,30 @@ class RolloutDataModule(pl.LightningDataModule):
         self.overlong = {}
         for split, attr in (("train", "train_set"), ("held_out", "eval_set")):
             dataset = getattr(self, attr)
-            kept, count = drop_overlong_prompts(dataset, self.agents, what=f"{dataset.name} ({split.replace('_', ' ')})")
+            what = f"{dataset.name} ({split.replace('_', ' ')})"
+            if self.placement.is_split:  # every agent's lengths, from its group: all groups keep the same prompts
+                kept, count = self._keep_fitting_everywhere(list(dataset), what)
+            else:
+                kept, count = drop_overlong_prompts(dataset, self.agents, what=what)
             setattr(self, attr, PromptDataset(kept, name=dataset.name))
             self.overlong[split] = count
             if self._rank == 0:
                 per_agent = ", ".join(f"{name} {count[name]}" for name in self.names)
                 print(f"data: {split.replace('_', ' ')}: dropped {count['dropped']} of {count['total']} prompts longer "
                       f"than an agent's max_prompt_len (too long for {per_agent})", flush=True)
+
+    def _keep_fitting_everywhere(self, examples: list[Example], what: str):
+        """`drop_overlong_prompts` under `split`: this rank measures its agents' prompt lengths, every rank
+        gathers all of them (a world collective of small lists), and every rank keeps the same prompts."""
+        import torch.distributed as dist
+
+        lengths = prompt_lengths(self.agents, [example.prompt for example in examples])
+        mine = {name: (lengths[name], agent.max_prompt_len) for name, agent in self.agents.items()}
+        shares: list = [None] * self._world
+        dist.all_gather_object(shares, mine)
+        merged = {name: pair for share in shares for name, pair in share.items()}
+        return keep_fitting(examples, {name: merged[name][0] for name in self.names},
+                            {name: merged[name][1] for name in self.names}, what=what)
 
     def teardown(self, stage: str | None = None) -> None:
         self.reward_pool.close()  # no reward worker outlives the run
@@ -191,8 +220,9 @@ class RolloutDataModule(pl.LightningDataModule):
         self.engines = {}
 
     def train_dataloader(self) -> ResumableLoader:
+        index, parts = self._share
         sampler = StepBatchSampler(len(self.train_set), self.data.prompts_per_step, self.steps, seed=self.seed,
-                                   rank=self._rank, world_size=self._world)
+                                   rank=index, world_size=parts)
         self._loader = ResumableLoader(self.train_set, sampler)
         return self._loader
 
@@ -203,6 +233,12 @@ class RolloutDataModule(pl.LightningDataModule):
     @property
     def _world(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
+
+    @property
+    def _share(self) -> tuple[int, int]:
+        """(index, parts) of the step's prompts this rank generates for: its rank of the world, or under `split`
+        its place in its agent's group (each group answers every prompt)."""
+        return self.placement.prompt_share if self.placement.is_split else (self._rank, self._world)
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -221,11 +257,12 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def generate(self, examples: Sequence[Example], *, step: int, n: int) -> dict[str, list]:
         """Every agent answers every prompt n times with its own sampling: agent name -> flat Generations
-        (prompt-major), seeded by (run seed, step, agent, rank)."""
+        (prompt-major), seeded by (run seed, step, agent, rank); this rank's agents only."""
         out = {}
-        for j, (name, agent) in enumerate(self.agents.items()):
+        for name, agent in self.agents.items():
+            j = self.names.index(name)
             prompt_ids = agent.encode_prompts([ex.prompt for ex in examples])
-            settings = self.sampling(agent, n=n, seed=step_seed(self.seed, step, 1000 * j + 7 * self._rank))
+            settings = self.sampling(agent, n=n, seed=step_seed(self.seed, step, 1000 * j + 7 * self._share[0]))
             try:
                 out[name] = self.engines[name].generate(prompt_ids, settings)
             except Exception as err:  # noqa: BLE001 - an allocation failure is said in one line; others raise
@@ -238,9 +275,10 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def rollout(self, examples: Sequence[Example], *, step: int) -> StepBatch:
         """The step whole: G responses per prompt from every agent's current weights, decoded and scored
-        once on the rank that generated them, gathered so every rank holds the global batch, then each
-        learner's view of the responses it trains on."""
-        examples, group, n = list(examples), self.group_size, len(self.names)
+        once on the rank that generated them, gathered so every rank holds the global batch, then the view of
+        each learner on this rank of the responses it trains on."""
+        examples, group, local = list(examples), self.group_size, list(self.agents)
+        n = len(self.names)
         self._phase("rollout")
         start = started = time.perf_counter()
         generations = self.generate(examples, step=step, n=group)
@@ -248,10 +286,10 @@ class RolloutDataModule(pl.LightningDataModule):
 
         self._phase("reward")
         start = time.perf_counter()
-        per_source = {name: make_rollouts(self.agents[name], examples, generations[name]) for name in self.names}
-        rollouts: list[Rollout] = [rollout for p in range(len(examples)) for name in self.names  # prompt-major,
+        per_source = {name: make_rollouts(self.agents[name], examples, generations[name]) for name in local}
+        rollouts: list[Rollout] = [rollout for p in range(len(examples)) for name in local  # prompt-major,
                                    for rollout in per_source[name][p * group : (p + 1) * group]]  # source, sample
-        owners = [examples[idx // (n * group)] for idx in range(len(rollouts))]
+        owners = [examples[idx // (len(local) * group)] for idx in range(len(rollouts))]
         scores = self.reward_pool.score([r.response for r in rollouts], [ex.gold for ex in owners],
                                         [ex.extras for ex in owners])
         for rollout, reward, parts in zip(rollouts, scores, self.reward_pool.parts):
@@ -294,7 +332,7 @@ class RolloutDataModule(pl.LightningDataModule):
         its own; `row_idx` keeps each row's place in the flat (prompt, source, sample) order."""
         prompt_ids = [example.prompt_id for example in examples]
         views = {}
-        for name in self.names:
+        for name in self.agents:
             rows = [i for i, r in enumerate(rollouts) if self.share_rollouts or r.source == name]
             views[name] = view_for(self.agents[name], [rollouts[i] for i in rows], sources=self.names,
                                    prompt_ids=prompt_ids, rows=rows)
@@ -303,7 +341,9 @@ class RolloutDataModule(pl.LightningDataModule):
     def gather(self, examples: list[Example], rollouts: list[Rollout]):
         """Every rank's prompts and scored rollouts, in rank order (= the global batch's prompt order,
         `StepBatchSampler`), and the reward pool's counters summed over ranks: each rank then holds
-        the whole step, so the step plan is global (`hacrl_lightning.plan`). A public seam: tests wrap it
+        the whole step, so the step plan is global (`hacrl_lightning.plan`). Under `split` a rank holds one
+        agent's rollouts of its group's share of the prompts: each agent's come from its group, in the group's
+        rank order, and are interleaved into the (prompt, source, sample) order. A public seam: tests wrap it
         to change a step's scored rollouts before the views are built."""
         pool = self.reward_pool
         stats = {**pool.stats, "step/items": len(rollouts), "step/failed": len(pool.failures),
@@ -314,10 +354,23 @@ class RolloutDataModule(pl.LightningDataModule):
 
         shares: list = [None] * self._world
         dist.all_gather_object(shares, (examples, rollouts, stats))
-        examples = [example for share in shares for example in share[0]]
-        rollouts = [rollout for share in shares for rollout in share[1]]
         keys = dict.fromkeys(key for share in shares for key in share[2])  # a term may fail on one rank only
         stats = {key: sum(share[2].get(key, 0) for share in shares) for key in keys}
+        if not self.placement.is_split:
+            examples = [example for share in shares for example in share[0]]
+            rollouts = [rollout for share in shares for rollout in share[1]]
+            return examples, rollouts, stats
+        groups = self.placement.groups
+        first = self.names[0]
+        examples = [example for rank in groups[first] for example in shares[rank][0]]
+        for name in self.names[1:]:
+            theirs = [example.prompt_id for rank in groups[name] for example in shares[rank][0]]
+            if theirs != [example.prompt_id for example in examples]:
+                raise RuntimeError(f"split placement: the groups of {first!r} and {name!r} answered different prompts")
+        per_source = {name: [r for rank in groups[name] for r in shares[rank][1]] for name in self.names}
+        group = len(per_source[first]) // max(1, len(examples))
+        rollouts = [rollout for p in range(len(examples)) for name in self.names
+                    for rollout in per_source[name][p * group : (p + 1) * group]]
         return examples, rollouts, stats
 
     # -- held-out evaluation ------------------------------------------------------------------------
@@ -330,7 +383,8 @@ class RolloutDataModule(pl.LightningDataModule):
         examples = list(self.eval_set)[:limit]
         score = self.reward_pool.score
         results: dict[str, dict[str, float]] = {}
-        for j, (name, agent) in enumerate(self.agents.items()):
+        for name, agent in self.agents.items():
+            j = self.names.index(name)
             seed = step_seed(self.seed, step, 5 + 1000 * j + 7 * self._rank)
             greedy = answer_rewards(agent, self.engines[name], examples, samples=1, temperature=0.0, seed=seed,
                                     score=score)                                             # [P, 1]
@@ -340,4 +394,12 @@ class RolloutDataModule(pl.LightningDataModule):
                                       seed=step_seed(self.seed, step, 9 + 1000 * j + 7 * self._rank), score=score)
                 results[name][f"avg@{samples}"] = float(avg_at_k(hits))
                 results[name][f"pass@{samples}"] = float(pass_at_k(hits, samples))
+        if self.placement.is_split:  # every agent's scores, from its group's first rank
+            import torch.distributed as dist
+
+            shares: list = [None] * self._world
+            dist.all_gather_object(shares, {name: row for name, row in results.items()
+                                            if self.placement.rank_in(name) == 0})
+            merged = {name: row for share in shares for name, row in share.items()}
+            results = {name: merged[name] for name in self.names}
         return results

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Mapping
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_warn
 import torch
 from torch import nn
 
@@ -44,6 +44,7 @@ from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.failures import checkpoints_note, is_out_of_memory
 from hacrl_lightning.grad_share import measure_grad_share
 from hacrl_lightning.loss_stats import LossStats
+from hacrl_lightning.placement import Placement
 from hacrl_lightning.plan import StepPlan, learner_order
 from hacrl_lightning.step import StepBatch, step_seed
 from hacrl_lightning.update import LearnerTables, MicroBatch, loss_inputs, micro_batches, source_span, total_grad_norm
@@ -104,15 +105,23 @@ def _detach_mean(values: list[torch.Tensor]) -> float:
 
 
 class HACRLModule(pl.LightningModule):
-    """agents: the run's agents in config order (= optimizer order); algorithm: the resolved preset;
-    update: sizes and limits of the update loop."""
+    """agents: the agents this rank holds, in config order (= optimizer order); algorithm: the resolved preset;
+    update: sizes and limits of the update loop; placement: which agents live where (default: every agent
+    here, `trainer.placement=shared`)."""
 
-    def __init__(self, agents: dict[str, Agent], *, algorithm: AlgorithmConfig, update: UpdateSettings):
+    def __init__(self, agents: dict[str, Agent], *, algorithm: AlgorithmConfig, update: UpdateSettings,
+                 placement: Placement | None = None):
         super().__init__()
         self.alg = algorithm
         self.settings = update
+        self.placement = placement or Placement.shared(list(agents))
+        if list(self.placement.local) != list(agents):
+            raise ValueError(f"agents {list(agents)} are not this rank's agents {list(self.placement.local)}")
         self.agents = nn.ModuleDict(agents)
-        self.names = list(agents)
+        self.names = list(self.placement.names)
+        """Every agent of the run, in config order (indices of rewards, omega and advantages)."""
+        self.local = list(agents)
+        """The agents this rank holds and trains (all of them unless `trainer.placement=split`)."""
         self.automatic_optimization = False
         self.references = nn.ModuleDict()
         if self.alg.kl_coef > 0:  # β = 0 must not load a reference model (docs/spec.md §6)
@@ -169,14 +178,16 @@ class HACRLModule(pl.LightningModule):
         from hacrl_lightning.strategies import shard_agent
 
         precision = self.settings.precision
-        for agent in self.agents.values():
-            shard_agent(agent.model, mesh["data_parallel"], precision=precision)
-        for reference in self.references.values():  # frozen, sharded alike: same compute as its policy
-            shard_agent(reference.model, mesh["data_parallel"], precision=precision)
+        self.placement.connect()
+        for name, agent in self.agents.items():  # split: over its group's own mesh; shared: over the world
+            own = self.placement.mesh(name, self.device.type) if self.placement.is_split else mesh["data_parallel"]
+            shard_agent(agent.model, own, precision=precision)
+            if name in self.references:  # frozen, sharded alike: same compute as its policy
+                shard_agent(self.references[name].model, own, precision=precision)
 
     def configure_optimizers(self):
         optimizers, schedulers = [], []
-        for name in self.names:
+        for name in self.local:
             agent = self.agents[name]
             opt = torch.optim.AdamW(agent.parameters(), lr=agent.cfg.lr, betas=tuple(agent.cfg.betas),
                                     weight_decay=agent.cfg.weight_decay)
@@ -191,8 +202,8 @@ class HACRLModule(pl.LightningModule):
         opts = opts if isinstance(opts, list) else [opts]
         scheds = self.lr_schedulers()
         scheds = scheds if isinstance(scheds, list) else [scheds]
-        assert len(opts) == len(self.names) == len(scheds), "one optimizer and schedule per agent, in agent order"
-        return dict(zip(self.names, opts)), dict(zip(self.names, scheds))
+        assert len(opts) == len(self.local) == len(scheds), "one optimizer and schedule per agent, in agent order"
+        return dict(zip(self.local, opts)), dict(zip(self.local, scheds))
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -209,8 +220,8 @@ class HACRLModule(pl.LightningModule):
         for name in self.names:
             self.counters[name]["rollouts_generated"] += len(data.examples) * data.group_size
 
-        # 5-6a. each learner's global plan; each source's old log-probs on its own responses
-        plans = {name: self._plan(data.views[name], k, step) for k, name in enumerate(self.names)}
+        # 5-6a. each learner's global plan; each source's old log-probs on its own responses (this rank's agents)
+        plans = {name: self._plan(data.views[name], self.names.index(name), step) for name in self.local}
         self._phase("old_logprobs")
         start = time.perf_counter()
         old_mean, old_tokens, ref_tokens, mismatch = self._old_logprobs(data.views, plans, data.rewards.numel())
@@ -223,12 +234,17 @@ class HACRLModule(pl.LightningModule):
         every = self.settings.diagnostics_every
         grad_share = every > 0 and (step + 1) % every == 0  # the every-th step, counting from 1
         metrics: dict[str, float] = {}
-        for k, name in enumerate(self.names):
+        for name in self.local:
+            k = self.names.index(name)
             tables = LearnerTables.of_step(data.views[name], k, advantages=self._advantages(data, advantages, k),
                                            old_mean=old_mean, old_tokens=old_tokens[name], omega=omega,
                                            ref_tokens=ref_tokens.get(name), rewards=data.rewards.flatten())
             metrics.update(self._update_or_fail(k, name, data.views[name], plans[name], tables, lowers, grad_share))
-        metrics.update(self.loss_stats.compute({name: len(plans[name]) for name in self.names}))  # over all ranks
+        metrics.update(self._view_metrics(data.views))
+        metrics = self._from_groups(metrics)  # split: every agent's figures, from its group
+        self._stop_if_faulty(step)
+        mini_batches = {name: int(metrics[f"{name}/mini_batches"]) for name in self.names}
+        metrics.update(self.loss_stats.compute(mini_batches))  # over all ranks
         self.loss_stats.reset()
         diagnostics_s = sum(metrics.pop(f"time/diagnostics/{name}", 0.0) for name in self.names)
         update_s = time.perf_counter() - start - diagnostics_s
@@ -237,7 +253,6 @@ class HACRLModule(pl.LightningModule):
         self.steps_done += 1
         self._phase("logging")
         metrics.update(self._rollout_metrics(data, step_accuracy(data.rewards), omega))
-        metrics.update(self._view_metrics(data.views))
         metrics.update(self._clip_metrics(lowers, plans))
         metrics.update(mismatch)
         metrics.update({"time/rollout": data.timings["rollout"], "time/reward": data.timings["reward"],
@@ -313,6 +328,35 @@ class HACRLModule(pl.LightningModule):
         trainer = self._trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
+    def _group(self, name: str) -> tuple[int, int]:
+        """(this rank's place, ranks) of the data-parallel group that trains `name`: the world under `shared`,
+        the agent's own group under `split`."""
+        if self.placement.is_split:
+            return self.placement.rank_in(name), self.placement.size_of(name)
+        return self._rank_world
+
+    def _from_groups(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Under `split`: this step's per-agent figures (update metrics, counters, fault streaks) of every agent,
+        each from its group's first rank, so every rank logs, checkpoints and summarises them all (a world
+        collective of small objects). Under `shared` every rank has them already."""
+        if not self.placement.is_split:
+            return metrics
+        import torch.distributed as dist
+
+        first = [name for name in self.local if self.placement.rank_in(name) == 0]
+        mine = {"metrics": {key: value for key, value in metrics.items() if key.split("/", 1)[0] in first
+                            or key.rsplit("/", 1)[-1] in first},
+                "counters": {name: self.counters[name] for name in first},
+                "streak": {name: self.fault_streak[name] for name in first}}
+        shares: list = [None] * self.placement.world
+        dist.all_gather_object(shares, mine)
+        merged = {}
+        for share in shares:
+            merged.update(share["metrics"])
+            self.counters.update(share["counters"])
+            self.fault_streak.update(share["streak"])
+        return merged
+
     def _plan(self, view: AgentView, k: int, step: int) -> StepPlan:
         """Learner k's mini-batches over the global batch (`hacrl_lightning.plan`): own rows first, then
         partners' in agent order, shuffled within each part by a generator seeded with (seed, step, k),
@@ -320,7 +364,7 @@ class HACRLModule(pl.LightningModule):
         generator = torch.Generator().manual_seed(step_seed(self.settings.seed, step, salt=31 + k))
         order = learner_order(view.is_own, view.source_idx, view.prompt_idx, learner=k, cross_cap=self.cross_cap,
                               generator=generator, partners_first=self.alg.learner_order == "paper_main" and k == 1)
-        rank, world = self._rank_world
+        rank, world = self._group(self.names[k])
         return StepPlan.build(order, mini_batch_size=self.settings.mini_batch_size, rank=rank, world=world)
 
     @torch.no_grad()
@@ -336,7 +380,7 @@ class HACRLModule(pl.LightningModule):
         old_mean = torch.zeros(rows)                                                         # [P·n·G]
         old_tokens, ref_tokens = {}, {}
         diffs = torch.zeros(len(self.names), 3, dtype=torch.float64)                       # [n, (sum, count, max)]
-        for name in self.names:
+        for name in self.local:
             try:
                 self._old_logprobs_of(name, views[name], plans[name], old_mean, old_tokens, ref_tokens, diffs)
             except Exception as err:  # noqa: BLE001 - an allocation failure is said in one line; others raise
@@ -432,7 +476,7 @@ class HACRLModule(pl.LightningModule):
                     own_tokens = (micro.loss_mask & micro.is_own[:, None]).sum() if token_level else None
                     self.loss_stats.update(name, metrics, own_weight=own_tokens)
             grad_norm = total_grad_norm(agent.parameters(), agent.cfg.grad_clip)
-            if not self._finite_on_every_rank(finite_loss & torch.isfinite(grad_norm)):  # one sync per mini-batch
+            if not self._finite_on_every_rank(finite_loss & torch.isfinite(grad_norm), name):  # one sync per mini-batch
                 opt.zero_grad(set_to_none=True)  # skip: weights, optimizer state and LR schedule stay as they were
                 skipped.append(m)
                 continue
@@ -456,12 +500,13 @@ class HACRLModule(pl.LightningModule):
         micro = view.select(micro_batch.rows).to(self.device)
         logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)  # [b, T]
         own_passes = math.ceil(len(plan.share(m)) / self.settings.micro_batch_size)   # this rank's, no stand-ins
-        micro_batch_count = max(1, own_passes) * self._rank_world[1]
+        ranks = self._group(agent.name)[1]
+        micro_batch_count = max(1, own_passes) * ranks
         inputs = loss_inputs(view, micro, micro_batch.rows, plan.mini_batches[m], logp, tables, cross_lower=lowers[m],
                              loss_scale_factor=float(agent.cfg.max_response_len),
                              engine_logp=self.alg.rollout_is_cap > 0, part=part, micro_batches=micro_batch_count)
         loss, metrics = hacpo_loss(**self.loss_settings, **inputs)
-        self.manual_backward(loss * (micro_batch.weight * float(self._rank_world[1])))
+        self.manual_backward(loss * (micro_batch.weight * float(ranks)))
         return loss, metrics, micro
 
     def _count_faults(self, name: str, step: int, skipped: list[int]) -> None:
@@ -472,20 +517,32 @@ class HACRLModule(pl.LightningModule):
         self.counters[name]["skipped_updates"] += len(skipped)
         streak = self.fault_streak[name] = self.fault_streak[name] + 1
         limit = self.settings.max_nonfinite_skips
-        rank_zero_warn(f"agent {name!r}: non-finite loss or gradient at step {step} (mini-batches {skipped}); "
-                       f"those updates were skipped, its weights and optimizer state are unchanged "
-                       f"({streak} faulty step(s) in a row; trainer.max_nonfinite_skips={limit})")
-        if streak > limit:
-            raise NonFiniteError(
-                f"agent {name!r}: non-finite loss or gradient in {streak} steps in a row (last: step {step}), more "
-                f"than trainer.max_nonfinite_skips={limit}. Fix: lower agents.{name}.lr, check the data and "
-                f"agents.{name}.dtype (float16 overflows), then resume from the last checkpoint (resume=<run dir>)")
+        if self._group(name)[0] == 0:
+            warnings.warn(f"agent {name!r}: non-finite loss or gradient at step {step} (mini-batches {skipped}); "
+                          f"those updates were skipped, its weights and optimizer state are unchanged "
+                          f"({streak} faulty step(s) in a row; trainer.max_nonfinite_skips={limit})", UserWarning)
 
-    def _finite_on_every_rank(self, finite: torch.Tensor) -> bool:
-        """True when no rank saw a non-finite loss or gradient (all ranks then skip or step together)."""
-        if self.trainer.world_size > 1:
-            finite = self.all_gather(finite.float()).min() > 0
-        return bool(finite)
+    def _stop_if_faulty(self, step: int) -> None:
+        """End the run when an agent skipped updates in more steps in a row than `trainer.max_nonfinite_skips`
+        (every rank decides alike: the streaks are every agent's, `_from_groups`)."""
+        limit = self.settings.max_nonfinite_skips
+        for name in self.names:
+            streak = self.fault_streak[name]
+            if streak > limit:
+                raise NonFiniteError(
+                    f"agent {name!r}: non-finite loss or gradient in {streak} steps in a row (last: step {step}), more "
+                    f"than trainer.max_nonfinite_skips={limit}. Fix: lower agents.{name}.lr, check the data and "
+                    f"agents.{name}.dtype (float16 overflows), then resume from the last checkpoint (resume=<run dir>)")
+
+    def _finite_on_every_rank(self, finite: torch.Tensor, name: str) -> bool:
+        """True when no rank of `name`'s group saw a non-finite loss or gradient (its ranks then skip or step
+        together)."""
+        if self._group(name)[1] > 1:
+            import torch.distributed as dist
+
+            finite = finite.float()
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN, group=self.placement.process_group(name))
+        return bool(finite > 0)
 
     def _sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """The elementwise sum of `values` over data-parallel ranks (a copy on this rank's device and back)."""

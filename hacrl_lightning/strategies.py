@@ -16,10 +16,65 @@ from hacrl_lightning.config import TrainerConfig
 
 
 def make_strategy(cfg: TrainerConfig):
-    """`auto`/`single` -> Lightning's single-device default; `fsdp` -> per-agent FSDP2."""
+    """`auto`/`single` -> Lightning's single-device default; `fsdp` -> per-agent FSDP2 (`SplitStrategy` under
+    `placement=split`)."""
     if cfg.strategy == "fsdp":
-        return ModelParallelStrategy(data_parallel_size=cfg.devices * cfg.num_nodes, tensor_parallel_size=1)
+        kind = SplitStrategy if cfg.placement == "split" else ModelParallelStrategy
+        return kind(data_parallel_size=cfg.devices * cfg.num_nodes, tensor_parallel_size=1)
     return "auto"
+
+
+class SplitStrategy(ModelParallelStrategy):
+    """`ModelParallelStrategy` for `trainer.placement=split`, where each rank holds other agents' optimizers.
+
+    Lightning keys a distributed checkpoint's optimizer states by their index on the rank (`optimizer_0`) and
+    writes the rest (LR schedules among it) from rank 0 alone: under `split` optimizer 0 is another agent's on
+    every group, so here the states are keyed by agent (`optimizer_<agent>`) and every agent's LR schedule is
+    gathered from its group into the metadata rank 0 writes (`lr_schedulers_by_agent`); loading reads each
+    rank's own back. The module's `placement.local` names this rank's optimizers, in order."""
+
+    def _local_names(self) -> tuple[str, ...]:
+        return tuple(self.lightning_module.placement.local)
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
+        from pathlib import Path
+
+        import torch.distributed as dist
+        from lightning.fabric.strategies.model_parallel import _distributed_checkpoint_save
+
+        if storage_options is not None:
+            raise TypeError("SplitStrategy.save_checkpoint(..., storage_options=...) is not supported")
+        names = self._local_names()
+        optimizers = checkpoint.pop("optimizer_states", [])
+        schedules = checkpoint.pop("lr_schedulers", [])
+        shares: list = [None] * self.world_size
+        dist.all_gather_object(shares, dict(zip(names, schedules)))
+        checkpoint["lr_schedulers_by_agent"] = {name: state for share in shares for name, state in share.items()}
+        path = Path(self.broadcast(filepath))
+        if path.is_file():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        converted = {"state_dict": checkpoint.pop("state_dict"),
+                     **{f"optimizer_{name}": state for name, state in zip(names, optimizers)}}
+        _distributed_checkpoint_save(converted, path)
+        if self.global_rank == 0:
+            from lightning.fabric.utilities.load import _METADATA_FILENAME
+
+            torch.save(checkpoint, path / _METADATA_FILENAME)
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        from pathlib import Path
+
+        from lightning.fabric.strategies.model_parallel import _load_checkpoint
+
+        path = Path(self.broadcast(checkpoint_path))
+        names = self._local_names()
+        state = {"state_dict": self.model, **{f"optimizer_{name}": opt for name, opt in zip(names, self.optimizers)}}
+        metadata = _load_checkpoint(path=path, state=state, strict=self.lightning_module.strict_loading,
+                                    weights_only=weights_only)
+        by_agent = metadata.pop("lr_schedulers_by_agent", {})
+        metadata["lr_schedulers"] = [by_agent[name] for name in names]
+        return metadata
 
 
 def lightning_precision(cfg: TrainerConfig) -> str:

@@ -43,6 +43,7 @@ from hacrl_lightning.files import write_atomically
 from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule, UpdateSettings
+from hacrl_lightning.placement import Placement
 from hacrl_lightning.resume import config_dict, resume_changes
 from hacrl_lightning.run_dir import claim_run_dir, linked_exports_problem, run_dir_of
 from hacrl_lightning.strategies import lightning_precision, make_strategy
@@ -53,13 +54,26 @@ DIAGNOSTICS = ("cross_nograd_frac_correct", "cross_nograd_frac_wrong", "self_nog
 """The `{agent}/diag/*` metrics a summary's `diagnostics` block averages over steps (docs/training.md#diagnostics)."""
 
 
-def load_agents(cfg: TrainConfig, task: tuple[PromptDataset, PromptDataset] | None = None) -> dict[str, Agent]:
-    """Every configured agent, in config order (= optimizer order), checked lossless on the task's texts
-    (`task`: the (train, held-out) sets when already loaded). Weights load in fp32, whatever an agent's
-    `dtype`: they are the master weights (docs/training.md)."""
+def load_agents(cfg: TrainConfig, task: tuple[PromptDataset, PromptDataset] | None = None, *,
+                only: tuple[str, ...] | None = None) -> dict[str, Agent]:
+    """Every configured agent (or those in `only`: this rank's, `trainer.placement=split`), in config order
+    (= optimizer order), checked lossless on the task's texts (`task`: the (train, held-out) sets when already
+    loaded). Weights load in fp32, whatever an agent's `dtype`: they are the master weights (docs/training.md)."""
     texts = task_check_texts(task if task is not None else load_task(cfg.data))
     return {name: Agent.load(name, agent_cfg, zoo_cache=cfg.zoo_cache, check_texts=texts, dtype=torch.float32)
-            for name, agent_cfg in cfg.agents.items()}
+            for name, agent_cfg in cfg.agents.items() if only is None or name in only}
+
+
+def run_placement(cfg: TrainConfig) -> Placement:
+    """Which agents live on this process's rank (`placement.py`); under `split` with sizes left to the plan,
+    groups in proportion to each agent's parameter count (from its config.json; nothing loads)."""
+    weights = None
+    if cfg.trainer.placement == "split" and not all(agent.ranks for agent in cfg.agents.values()):
+        from hacrl_lightning.memory import architecture_of
+
+        weights = {name: architecture_of(name, agent, zoo_cache=cfg.zoo_cache).parameters
+                   for name, agent in cfg.agents.items()}
+    return Placement.of(cfg, rank=launch_rank(cfg.trainer.devices), weights=weights)
 
 
 def update_settings(cfg: TrainConfig) -> UpdateSettings:
@@ -72,14 +86,16 @@ def update_settings(cfg: TrainConfig) -> UpdateSettings:
 
 def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
                     task: tuple[PromptDataset, PromptDataset] | None = None, *,
-                    datamodule_class: type[RolloutDataModule] = RolloutDataModule) -> RolloutDataModule:
+                    datamodule_class: type[RolloutDataModule] = RolloutDataModule,
+                    placement: Placement | None = None) -> RolloutDataModule:
     """The run's DataModule over `agents` (`task`: the loaded (train, held-out) sets, else loaded here;
-    `datamodule_class`: a subclass, for the benchmark's fixed-length sampling)."""
+    `datamodule_class`: a subclass, for the benchmark's fixed-length sampling; `placement`: which agents
+    live where, default all here)."""
     train_set, eval_set = task if task is not None else load_task(cfg.data)
     return datamodule_class(agents, train_set=train_set, eval_set=eval_set, data=cfg.data, rollout=cfg.rollout,
                              responses_per_prompt=cfg.responses_per_prompt, share_rollouts=cfg.algorithm.share_rollouts,
                              steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(cfg.run_dir) / "engine_dirs",
-                             engine_logprobs=cfg.algorithm.rollout_is_cap > 0)
+                             engine_logprobs=cfg.algorithm.rollout_is_cap > 0, placement=placement)
 
 
 def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = None,
@@ -92,12 +108,13 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
     clock, default now; `datamodule_class`: see `make_datamodule`). `train` and `bench.py step` build their
     runs with it."""
     task = load_task(cfg.data)
-    agents = load_agents(cfg, task)
-    names = list(agents)
+    placement = run_placement(cfg)
+    agents = load_agents(cfg, task, only=placement.local)
+    names = list(placement.names)
     window = CapabilityWindow(len(names), **cfg.algorithm.capability_settings())
     settings = update_settings(cfg)
-    datamodule = make_datamodule(cfg, agents, task, datamodule_class=datamodule_class)
-    module = HACRLModule(agents, algorithm=cfg.algorithm, update=settings)
+    datamodule = make_datamodule(cfg, agents, task, datamodule_class=datamodule_class, placement=placement)
+    module = HACRLModule(agents, algorithm=cfg.algorithm, update=settings, placement=placement)
     roles = {"timer": StepTimer(started=started),
              "evaluation": HeldOutEvalCallback(datamodule, every=cfg.trainer.eval_every,
                                                samples=cfg.trainer.eval_samples),
@@ -190,6 +207,7 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
                 if cfg.trainer.export_agents and status == "completed":
                     for name, agent in module.agents.items():
                         exports[name] = str(agent.export(run_dir / "exports" / name))
+                    exports = _every_export(module, exports)
             except RunInterrupted as err:  # the training is complete and checkpointed; the exports are not
                 status, roles["stop"].signum = "interrupted", err.signum
             summary = make_summary(cfg, module, roles, exports, status=status, resumed_from=source, skipped=skipped,
@@ -228,6 +246,18 @@ def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, An
     if problems:
         raise ConfigError(problems)
     return changes
+
+
+def _every_export(module: HACRLModule, exports: dict[str, str]) -> dict[str, str]:
+    """Under `split` each rank exported its own agent: every agent's export path, in agent order."""
+    if not module.placement.is_split:
+        return exports
+    import torch.distributed as dist
+
+    shares: list = [None] * module.placement.world
+    dist.all_gather_object(shares, exports)
+    merged = {name: path for share in shares for name, path in share.items()}
+    return {name: merged[name] for name in module.names}
 
 
 def _record_start(run_dir: Path, cfg: TrainConfig, config_yaml: str | None, *, continuing: bool,

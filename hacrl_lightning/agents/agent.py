@@ -16,6 +16,8 @@ optimizers and losses (the trainer and `algorithms/`).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import json
 import os
 import shutil
@@ -172,7 +174,7 @@ class Agent(nn.Module):
 
     # -- export ---------------------------------------------------------------------------------------
 
-    def export(self, directory: str | os.PathLike) -> Path:
+    def export(self, directory: str | os.PathLike, *, writes: bool | None = None) -> Path:
         """Write a standalone Hugging Face dir (weights in the agent's `dtype`, config, generation config,
         tokenizer, chat template) that `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`
         load alone, in transformers v5 and v4. The tokenizer's `model_max_length` is the model's context
@@ -184,10 +186,14 @@ class Agent(nn.Module):
         the `.partial` name, never a directory that looks complete; a stale `.partial` is removed by the
         next export. A `directory` that holds other files than a model's is refused (nothing is deleted).
 
-        Under FSDP2 every rank must call it (the full state dict is gathered); rank 0 writes.
+        Under FSDP2 every rank of the agent's mesh must call it (the full state dict is gathered); the mesh's
+        first rank writes. A model whole on several ranks: rank 0 writes, or the ranks told `writes=True`
+        (`trainer.placement=split`: the first of the agent's group).
         """
         directory = Path(directory)
         state_dict, writer = _full_state_dict(self.model)
+        if writes is not None and state_dict is None:
+            writer = writes
         if not writer:
             return directory
         state_dict = _in_dtype(state_dict if state_dict is not None else self.model.state_dict(),
@@ -197,7 +203,8 @@ class Agent(nn.Module):
         generation.eos_token_id = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id
         generation.pad_token_id = self.pad_token_id
         self.model.config.pad_token_id = self.pad_token_id
-        self.model.save_pretrained(str(directory), state_dict=state_dict)
+        with _writes_here(self.model):
+            self.model.save_pretrained(str(directory), state_dict=state_dict)
         config_path = directory / "config.json"  # transformers writes the (fp32) training dtype
         config_json = json.loads(config_path.read_text())
         config_json["dtype"] = self.cfg.dtype
@@ -317,8 +324,35 @@ def _full_state_dict(model: nn.Module) -> tuple[dict | None, bool]:
         return None, not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return state, dist.get_rank() == 0
+    ranks = next(p for p in model.parameters() if isinstance(p, DTensor)).device_mesh.mesh.flatten().tolist()
+    if ranks == list(range(dist.get_world_size())):  # sharded over the world: torch's gather to rank 0
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state, dist.get_rank() == 0
+    # sharded over a group of ranks (`trainer.placement=split`): gathered in the group one tensor at a time,
+    # kept on the host; tied weights (one local storage) stay one tensor
+    state, whole = {}, {}
+    for key, value in model.state_dict().items():
+        if isinstance(value, DTensor):
+            slot = value.to_local().data_ptr()
+            if slot not in whole:
+                whole[slot] = value.full_tensor().cpu()
+            value = whole[slot]
+        state[key] = value
+    return state, dist.get_rank() == ranks[0]
+
+
+@contextmanager
+def _writes_here(model: nn.Module):
+    """transformers (v5) writes a model only on global rank 0 once torch.distributed is up; this process was
+    chosen to write it (the first rank of the agent's group under `trainer.placement=split`), so it writes."""
+    if not hasattr(model, "should_save_on_this_rank"):
+        yield
+        return
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        yield
+    finally:
+        del model.should_save_on_this_rank
 
 
 def _in_dtype(state_dict: dict, dtype: torch.dtype) -> dict:

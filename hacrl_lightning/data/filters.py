@@ -41,6 +41,15 @@ def drop_overlong_prompts(examples: Sequence[T], agents: Mapping[str, PromptEnco
     examples = list(examples)
     lengths = prompt_lengths(agents, [ex.prompt for ex in examples])
     limits = {name: agent.max_prompt_len for name, agent in agents.items()}
+    return keep_fitting(examples, lengths, limits, what=what)
+
+
+def keep_fitting(examples: Sequence[T], lengths: Mapping[str, list[int]], limits: Mapping[str, int], *,
+                 what: str) -> tuple[list[T], dict[str, int]]:
+    """`drop_overlong_prompts` from each agent's prompt lengths (`lengths[agent][i]`: example i's prompt in its
+    tokens) and limits: agents held on other ranks (`trainer.placement=split`) send theirs."""
+    agents = list(limits)
+    examples = list(examples)
     fits = [all(lengths[name][i] <= limits[name] for name in agents) for i in range(len(examples))]  # [N]
     kept = [ex for ex, ok in zip(examples, fits) if ok]
     count = {"dropped": len(examples) - len(kept), "total": len(examples),

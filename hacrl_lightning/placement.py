@@ -1,0 +1,179 @@
+"""Which agents live on which ranks: the one place the DataModule, the module and the callbacks read it.
+
+`trainer.placement=shared` (the default): every rank holds every agent, each FSDP2-sharded over the whole
+world. `split`: the world's ranks are divided into one contiguous group per agent, in agent order (group
+sizes `agents.<key>.ranks`, or picked in proportion to each agent's parameters, at least one rank each);
+an agent's weights, optimizer state, KL reference and engine exist only on its group, sharded over the
+group's own `DeviceMesh`. Under `split` a group generates its agent's responses for all prompts of the
+step (the prompts divided over the group's ranks); what crosses between groups are the responses and
+small per-row tables, never weights (docs/training.md#placement).
+
+`Placement` answers, for this rank: the agents it holds (`local`), an agent's group, this rank's place in
+it (`rank_in(name)`, `size_of(name)`) and its process group. `connect()` creates the groups' process
+groups (a collective: every rank calls it once the world exists). `split_problems` and `group_sizes`
+are the checks and the choice of sizes, made before anything loads.
+Deliberately not here: moving memory (`offload.py`), sharding (`strategies.py`) and the step itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+__all__ = ["Placement", "group_sizes", "split_problems"]
+
+
+def _world(cfg) -> int:
+    return cfg.trainer.devices * cfg.trainer.num_nodes
+
+
+def split_problems(cfg) -> list[tuple[str, Any, str, str]]:
+    """(key, value, allowed, fix) for each reason `cfg`'s split placement cannot be made; pure (no file read)."""
+    tr, names = cfg.trainer, list(cfg.agents)
+    world = _world(cfg)
+    problems = []
+    if tr.strategy != "fsdp":
+        problems.append(("trainer.placement", "split", "trainer.strategy=fsdp (a group per agent needs several ranks)",
+                         "add trainer=fsdp (or trainer.strategy=fsdp) with trainer.devices >= the number of agents"))
+        return problems
+    if world < len(names):
+        problems.append(("trainer.devices", tr.devices, f"devices x num_nodes >= {len(names)} (one rank per agent at "
+                         f"least: {len(names)} agents on {world} ranks)",
+                         f"set trainer.devices={len(names)} or more, or trainer.placement=shared"))
+        return problems
+    fixed = {name: cfg.agents[name].ranks for name in names if cfg.agents[name].ranks}
+    for name, size in fixed.items():
+        if size < 0:
+            problems.append((f"agents.{name}.ranks", size, "an int >= 1 (0: the plan picks)",
+                             f"set agents.{name}.ranks to 1 or more"))
+    if any(size < 0 for size in fixed.values()):
+        return problems
+    free = len(names) - len(fixed)
+    total = sum(fixed.values())
+    if (free == 0 and total != world) or (free and total + free > world):
+        keys = " + ".join(f"agents.{name}.ranks={size}" for name, size in fixed.items())
+        wanted = f"sizes that sum to the world size {world}" if free == 0 else \
+            f"at most {world - free} ranks set by hand ({free} agent(s) without a size need one rank each)"
+        problems.append((f"agents.{next(iter(fixed))}.ranks", f"{keys} = {total}", wanted,
+                         f"change the ranks so they sum to {world} (trainer.devices x trainer.num_nodes), or leave "
+                         "them unset (0) and let the plan pick"))
+        return problems
+    prompts = cfg.data.prompts_per_step
+    sizes = group_sizes(cfg)
+    uneven = {name: size for name, size in sizes.items() if prompts % size}
+    if uneven:
+        name, size = next(iter(uneven.items()))
+        problems.append(("data.prompts_per_step", prompts, f"a multiple of every group's size ({name}: {size} ranks): "
+                         "a group divides all the step's prompts over its ranks",
+                         f"set data.prompts_per_step to a multiple of {size}, or agents.{name}.ranks to a divisor of it"))
+    return problems
+
+
+def group_sizes(cfg, weights: Optional[Mapping[str, float]] = None) -> dict[str, int]:
+    """Ranks per agent under `split`: `agents.<key>.ranks` where set; the others share the remaining ranks in
+    proportion to `weights` (what each agent holds, e.g. its parameter count; default equal), at least one
+    each, largest remainders first. Assumes `split_problems(cfg)` is empty."""
+    names = list(cfg.agents)
+    sizes = {name: cfg.agents[name].ranks for name in names if cfg.agents[name].ranks > 0}
+    free = [name for name in names if name not in sizes]
+    left = _world(cfg) - sum(sizes.values())
+    if free:
+        weight = {name: float((weights or {}).get(name, 1.0)) for name in free}
+        total = sum(weight.values()) or 1.0
+        extra = left - len(free)  # one rank each first
+        share = {name: extra * weight[name] / total for name in free}
+        given = {name: 1 + int(share[name]) for name in free}
+        rest = left - sum(given.values())
+        for name in sorted(free, key=lambda n: (-(share[n] - int(share[n])), names.index(n)))[:rest]:
+            given[name] += 1
+        sizes.update(given)
+    return {name: sizes[name] for name in names}
+
+
+@dataclass
+class Placement:
+    """The agents of a run (`names`, in agent order) and the global ranks of each agent's group (`groups`),
+    seen from `rank` of `world` ranks. `kind` is `shared` (every group is the whole world) or `split`."""
+
+    names: tuple[str, ...]
+    groups: dict[str, tuple[int, ...]]
+    rank: int = 0
+    world: int = 1
+    kind: str = "shared"
+    _process_groups: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def shared(cls, names: Sequence[str], *, rank: int = 0, world: int = 1) -> "Placement":
+        everyone = tuple(range(world))
+        return cls(tuple(names), {name: everyone for name in names}, rank, world, "shared")
+
+    @classmethod
+    def split(cls, sizes: Mapping[str, int], *, rank: int, world: int) -> "Placement":
+        """Contiguous groups in agent order: the first agent on ranks [0, s0), the next on [s0, s0 + s1), ..."""
+        if sum(sizes.values()) != world or min(sizes.values()) < 1:
+            raise ValueError(f"group sizes {dict(sizes)} must be >= 1 and sum to the world size {world}")
+        groups, first = {}, 0
+        for name, size in sizes.items():
+            groups[name] = tuple(range(first, first + size))
+            first += size
+        return cls(tuple(sizes), groups, rank, world, "split")
+
+    @classmethod
+    def of(cls, cfg, *, rank: int, weights: Optional[Mapping[str, float]] = None) -> "Placement":
+        """The run's placement (`trainer.placement`) for global rank `rank`."""
+        world = _world(cfg) if cfg.trainer.strategy == "fsdp" else 1
+        if cfg.trainer.placement == "split":
+            return cls.split(group_sizes(cfg, weights), rank=rank, world=world)
+        return cls.shared(list(cfg.agents), rank=rank, world=world)
+
+    @property
+    def is_split(self) -> bool:
+        return self.kind == "split"
+
+    @property
+    def local(self) -> tuple[str, ...]:
+        """The agents this rank holds, in agent order."""
+        return tuple(name for name in self.names if self.rank in self.groups[name])
+
+    def size_of(self, name: str) -> int:
+        """Ranks in `name`'s group (its data-parallel world)."""
+        return len(self.groups[name])
+
+    def rank_in(self, name: str) -> int:
+        """This rank's place in `name`'s group (0 = the group's first rank)."""
+        return self.groups[name].index(self.rank)
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(ranks) for name, ranks in self.groups.items()}
+
+    @property
+    def prompt_share(self) -> tuple[int, int]:
+        """(index, parts): which part of the step's prompts this rank generates for. Shared: its rank of the
+        world; split: its place in its agent's group (every group answers all the prompts)."""
+        if not self.is_split:
+            return self.rank, self.world
+        (name,) = self.local
+        return self.rank_in(name), self.size_of(name)
+
+    def connect(self) -> None:
+        """Create each group's process group (split only; a collective: every rank, in the same order). Idempotent."""
+        if not self.is_split or self._process_groups or self.world == 1:
+            return
+        import torch.distributed as dist
+
+        for name in self.names:
+            self._process_groups[name] = dist.new_group(list(self.groups[name]))
+
+    def process_group(self, name: str):
+        """`name`'s process group (None: the whole world, as under `shared`)."""
+        if not self.is_split:
+            return None
+        if not self._process_groups:
+            raise RuntimeError("Placement.connect() must run on every rank before a group is used")
+        return self._process_groups[name]
+
+    def mesh(self, name: str, device_type: str):
+        """`name`'s 1-D `DeviceMesh` (dimension `data_parallel`) over its group: what FSDP2 shards it over."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return DeviceMesh.from_group(self.process_group(name), device_type, mesh_dim_names=("data_parallel",))
