@@ -5,6 +5,10 @@
         tests/dist_equivalence.py replay OUT ZOO_CACHE [CASE ...]        # 2 ranks, FSDP2 over gloo
     MASTER_ADDR=127.0.0.1 MASTER_PORT=P WORLD_SIZE=2 NODE_RANK=R \\
         python tests/dist_equivalence.py replay-nodes OUT ZOO_CACHE [CASE ...]   # node R of 2 (R = 0, 1)
+    python -m torch.distributed.run --standalone --nproc_per_node=2 \\
+        tests/dist_equivalence.py replay-split OUT ZOO_CACHE [CASE ...]  # trainer.placement=split, an agent a rank
+    python -m torch.distributed.run --standalone --nproc_per_node=4 \\
+        tests/dist_equivalence.py replay-split4 OUT ZOO_CACHE [CASE ...] # split, two ranks (FSDP2) per agent
 
 `record` trains each case for one step on one process and saves what the test compares (final
 weights, optimizer updates, the m of every mini-batch, the capability window, the step's metrics)
@@ -50,7 +54,9 @@ TWO_NODES = ["trainer.strategy=fsdp", "trainer.accelerator=cpu", "trainer.device
 """`replay-nodes`: two "nodes" of one CPU rank each, one process per node started by the test with the
 environment Lightning reads on a cluster without a scheduler (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
 NODE_RANK; tests/test_two_nodes.py)."""
-LAYOUTS = {"record": [], "replay": TWO_RANKS, "replay-nodes": TWO_NODES}
+SPLIT = ["trainer.strategy=fsdp", "trainer.accelerator=cpu", "trainer.placement=split"]
+LAYOUTS = {"record": [], "replay": TWO_RANKS, "replay-nodes": TWO_NODES, "replay-split": [*SPLIT, "trainer.devices=2"],
+           "replay-split4": [*SPLIT, "trainer.devices=4"]}
 
 
 class Record(Callback):
@@ -68,11 +74,9 @@ class Record(Callback):
 
     @staticmethod
     def _weights(pl_module) -> dict:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return {name: {k: v.detach().float().cpu().clone()
-                       for k, v in get_model_state_dict(agent.model, options=options).items()}
+        """This rank's agents' weights, whole (a sharded tensor gathered over its agent's group)."""
+        full = lambda v: v.full_tensor() if hasattr(v, "full_tensor") else v  # noqa: E731
+        return {name: {k: full(v).detach().float().cpu().clone() for k, v in agent.model.state_dict().items()}
                 for name, agent in pl_module.agents.items()}
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
@@ -98,6 +102,8 @@ class Record(Callback):
             "grads": self.grads,
             "layout": {"num_nodes": trainer.num_nodes, "node_rank": trainer.node_rank,
                        "world_size": trainer.world_size, "global_rank": trainer.global_rank},
+            "held": sorted({key.split(".")[1] for key, _ in [*pl_module.named_parameters(), *pl_module.named_buffers()]
+                            if key.startswith(("agents.", "references."))}),
         }
 
 
@@ -123,7 +129,7 @@ def spy_on_local_accuracy() -> dict:
     state: dict = {"acc": {}}
 
     def gather(dm, examples, rollouts):
-        for name in dm.names:
+        for name in dm.agents:  # this rank's sources (all of them unless split)
             rewards = [r.reward for r in rollouts if r.source == name]
             state["acc"][name] = sum(rewards) / len(rewards)
         return real(dm, examples, rollouts)

@@ -66,18 +66,52 @@ def flat(grads: dict) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, zoo_cache):
+def recorded(tmp_path_factory, zoo_cache):
+    """The 1-process runs of every case, and their generations for the replays."""
     out = tmp_path_factory.mktemp("equivalence")
     record = subprocess.run([sys.executable, SCRIPT, "record", str(out), str(zoo_cache)], capture_output=True,
                             text=True, timeout=600, cwd=REPO)
     assert record.returncode == 0, record.stderr[-3000:]
-    replay = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             SCRIPT, "replay", str(out), str(zoo_cache)], capture_output=True, text=True,
-                            timeout=600, cwd=REPO)
-    assert replay.returncode == 0, replay.stderr[-3000:]
-    assert replay.stdout.count("EQUIVALENCE-DONE") == 2  # both ranks ran every case
-    load = lambda name: torch.load(out / name, weights_only=False)  # noqa: E731
-    return load("record.pt"), load("replay.pt"), load("replay_rank1.pt")
+    return out
+
+
+def replay(out: Path, zoo_cache, mode: str, ranks: int) -> list[dict]:
+    """Every rank's results of `mode` on `ranks` gloo processes (torch's launcher)."""
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                          SCRIPT, mode, str(out), str(zoo_cache)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("EQUIVALENCE-DONE") == ranks  # every rank ran every case
+    return [torch.load(out / (f"{mode}.pt" if rank == 0 else f"{mode}_rank{rank}.pt"), weights_only=False)
+            for rank in range(ranks)]
+
+
+@pytest.fixture(scope="module")
+def runs(recorded, zoo_cache):
+    load = lambda name: torch.load(recorded / name, weights_only=False)  # noqa: E731
+    return (load("record.pt"), *replay(recorded, zoo_cache, "replay", 2))
+
+
+def merged(shares: list[dict]) -> dict:
+    """`trainer.placement=split`: each agent's weights, gradients and m from the first rank of its group; the
+    step's figures (every agent's, gathered) from rank 0; what each rank held, in rank order."""
+    out = {}
+    for case in shares[0]:
+        result = dict(shares[0][case])
+        for key in ("initial_weights", "weights", "grads", "m"):
+            result[key] = {}
+            for share in reversed(shares):  # the lowest rank of a group wins
+                result[key].update(share[case][key])
+        result["held"] = [share[case]["held"] for share in shares]
+        out[case] = result
+    return out
+
+
+@pytest.fixture(scope="module")
+def split_runs(recorded, zoo_cache):
+    """The same cases under `trainer.placement=split`: 2 agents on 2 ranks (one each), and on 4 ranks (two
+    each, FSDP2 over each group's own mesh)."""
+    return {"two_ranks": merged(replay(recorded, zoo_cache, "replay-split", 2)),
+            "four_ranks": merged(replay(recorded, zoo_cache, "replay-split4", 4))}
 
 
 def updates_m(calls: list[int]) -> list[int]:
@@ -85,10 +119,8 @@ def updates_m(calls: list[int]) -> list[int]:
     return [m for m, _ in groupby(calls)]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case, updates", [("hacpo", 4), ("gspo_x2", 4), ("grpo", 2)])
-def test_two_ranks_make_the_one_rank_update(runs, case, updates):
-    one, two = runs[0][case], runs[1][case]
+def assert_same_update(one: dict, two: dict, case: str, updates: int) -> None:
+    """`two` made `one`'s update: the same updates, m, capability window, and gradients within GRAD_RTOL."""
     # docs/spec.md §7: n·P/mini_batch_prompts = 4 (hacpo: 2·6/3; gspo_x2: 2G responses, half-size
     # mini-batches: 2·4/2), P/mini_batch_prompts = 2 for grpo; today's main made half as many on 2 ranks
     assert one["updates"] == two["updates"] == {"tiny_a": updates, "tiny_b": updates}
@@ -106,6 +138,35 @@ def test_two_ranks_make_the_one_rank_update(runs, case, updates):
                 continue
             difference = (flat(mine["grads"]) - reference).norm() / reference.norm()
             assert difference <= GRAD_RTOL, f"{case}: {name} update {u}: gradients differ by {difference:.2e} of their norm"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, updates", [("hacpo", 4), ("gspo_x2", 4), ("grpo", 2)])
+def test_two_ranks_make_the_one_rank_update(runs, case, updates):
+    assert_same_update(runs[0][case], runs[1][case], case, updates)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["two_ranks", "four_ranks"])
+@pytest.mark.parametrize("case, updates", [("hacpo", 4), ("gspo_x2", 4), ("grpo", 2)])
+def test_split_placement_makes_the_one_rank_update(runs, split_runs, layout, case, updates):
+    """Each agent trained on its own group of ranks makes the update of the 1-process run: the rewards, the
+    capability window and omega (the logged rates) are the global ones, and so are its gradients."""
+    split = split_runs[layout][case]
+    assert_same_update(runs[0][case], split, case, updates)
+    assert_rates_equal(runs[0][case]["metrics"], split["metrics"])
+    for name in ("tiny_a", "tiny_b"):
+        replayed = adamw_replay(split["initial_weights"][name], split["grads"][name])
+        for key in split["grads"][name][0]["grads"]:
+            torch.testing.assert_close(split["weights"][name][key].double(), replayed[key], atol=REPLAY_ATOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_under_split_each_rank_holds_only_its_own_agent(split_runs):
+    """No weight, reference or buffer of another agent on a rank: groups are contiguous, in agent order."""
+    for case in ("hacpo", "gspo_x2", "grpo"):
+        assert split_runs["two_ranks"][case]["held"] == [["tiny_a"], ["tiny_b"]]
+        assert split_runs["four_ranks"][case]["held"] == [["tiny_a"], ["tiny_a"], ["tiny_b"], ["tiny_b"]]
 
 
 @pytest.mark.parametrize("case", ["hacpo", "gspo_x2", "grpo"])
@@ -136,7 +197,11 @@ def test_the_gradient_bound_has_power(runs):
 
 @pytest.mark.parametrize("case", ["hacpo", "gspo_x2", "grpo"])
 def test_every_logged_rate_is_the_global_one(runs, case):
-    one, two = runs[0][case]["metrics"], runs[1][case]["metrics"]
+    assert_rates_equal(runs[0][case]["metrics"], runs[1][case]["metrics"])
+
+
+def assert_rates_equal(one: dict, two: dict) -> None:
+    """Every logged figure but times: the same keys, equal to 1e-4 relative (sums in another order)."""
     rates = {k for k in one if not k.startswith(("time/", "throughput/"))}
     assert rates == {k for k in two if not k.startswith(("time/", "throughput/"))}
     assert any("/clip/" in k for k in rates) and any("/loss/" in k for k in rates)
