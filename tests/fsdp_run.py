@@ -1,7 +1,9 @@
 """Run scripts/train.py's training on 2 CPU processes over gloo with per-agent FSDP2 (a subprocess of
 tests/test_training.py: Lightning's launcher re-executes sys.argv, so this must not run under pytest).
 
-    python tests/fsdp_run.py RUN_DIR ZOO_CACHE STEPS [resume | stop_after_N]
+    python tests/fsdp_run.py RUN_DIR ZOO_CACHE STEPS [resume | stop_after_N | -] [OVERRIDE ...]
+
+The OVERRIDEs come after the defaults below, so they win (`trainer.placement=split`, `trainer.devices=3`).
 """
 
 import sys
@@ -25,6 +27,7 @@ if __name__ == "__main__":
         f"zoo_cache={zoo_cache}", f"run_dir={run_dir}",
     ]
     extra = sys.argv[4] if len(sys.argv) > 4 else ""
+    overrides += sys.argv[5:]
     if extra == "resume":
         overrides.append(f"resume={run_dir}")
     callbacks = [StopAfter(int(extra.rsplit("_", 1)[1]))] if extra.startswith("stop_after_") else []
