@@ -189,7 +189,7 @@ class AgentConfig:
     gradient_checkpointing: bool = setting(False, harmless=True)
     """Recompute activations in the backward pass (less memory, about a third more compute); the
     update is the same."""
-    ranks: int = 0
+    ranks: int = setting(0, implied=0)
     """`trainer.placement=split`: how many of the world's ranks (GPUs) hold this agent: its weights, optimizer
     state, KL reference and engine, FSDP2-sharded over them (0: the plan picks, in proportion to what each
     agent holds, at least one each; set for every agent, the sizes sum to the world size). Ignored under
@@ -353,7 +353,7 @@ class RolloutConfig:
     """G: responses per prompt per agent."""
     generation_batch_size: int = 64
     """Sequences generated at once by the HF backend (bounds memory)."""
-    sleep: bool = False
+    sleep: bool = setting(False, harmless=True, unhashed=True, implied=False)
     """vLLM backend: put each engine to sleep (level 2: weights and KV cache released) once it has generated,
     and wake it in stages before its next rollout (weights, the weight sync, then the KV cache), so the GPU
     holds it only while it generates. Needs a platform with vLLM's sleep mode (CUDA); refused elsewhere."""
@@ -465,12 +465,12 @@ class TrainerConfig:
     """Measure how much of each learner's update comes from partners' responses (`{agent}/diag/cross_grad_share`)
     on every this many steps (the 10th, 20th, ...; 0: never). It costs about one more forward and backward
     pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics)."""
-    placement: str = "shared"
+    placement: str = setting("shared", implied="shared")
     """Where the agents live (docs/training.md#placement): `shared`, every rank holds every agent (each FSDP2-
     sharded over all ranks); `split`, the ranks are divided into one group per agent (`agents.<key>.ranks`)
     and an agent exists only on its group, which generates its responses; the responses, never weights,
     cross between groups. Needs `trainer.strategy=fsdp` and at least one rank per agent."""
-    offload_idle: bool = False
+    offload_idle: bool = setting(False, harmless=True, unhashed=True, implied=False)
     """Keep each agent's training state (weights, gradients, AdamW moments, KL reference) in host memory except
     while that agent scores old log-probs or updates (docs/training.md#placement); the update is the same."""
     gpu_memory_gib: float = setting(80.0, harmless=True)
@@ -703,6 +703,9 @@ def _check_rollout(c: Checks, cfg: TrainConfig) -> None:
         c.bad("rollout.group_size", cfg.rollout.group_size, "an int >= 2 (group baselines need 2 responses)",
               "set rollout.group_size=8 (the paper) or at least 2")
     c.positive("rollout.generation_batch_size", cfg.rollout.generation_batch_size)
+    if cfg.rollout.sleep and cfg.rollout.backend != "vllm":
+        c.bad("rollout.sleep", True, "false with rollout.backend=" + str(cfg.rollout.backend) + " (sleep mode is vLLM's: "
+              "the transformers engine is the training model itself)", "drop rollout.sleep, or use rollout=vllm on CUDA")
 
 
 def _check_data(c: Checks, cfg: TrainConfig) -> None:

@@ -176,7 +176,7 @@ class RolloutDataModule(pl.LightningDataModule):
             for name, agent in self.agents.items():
                 options = engine_options(agent, backend, batch_size=self.rollout_cfg.generation_batch_size,
                                          seed=self.seed, export_to=self.engine_dir / name,
-                                         in_process=self.rollout_cfg.vllm_in_process,
+                                         in_process=self.rollout_cfg.vllm_in_process, sleep=self.rollout_cfg.sleep,
                                          writes=self.placement.rank_in(name) == 0 if split else None)
                 if "model_dir" in options and self._world > 1:
                     options["model_dir"] = _own_copy(options["model_dir"], self._rank,
@@ -265,6 +265,9 @@ class RolloutDataModule(pl.LightningDataModule):
             settings = self.sampling(agent, n=n, seed=step_seed(self.seed, step, 1000 * j + 7 * self._share[0]))
             try:
                 out[name] = self.engines[name].generate(prompt_ids, settings)
+                rest = getattr(self.engines[name], "rest", None)  # a vLLM engine sleeps until its sync (rollout.sleep)
+                if rest is not None:
+                    rest()
             except Exception as err:  # noqa: BLE001 - an allocation failure is said in one line; others raise
                 if not is_out_of_memory(err):
                     raise

@@ -250,8 +250,23 @@ def device_problems(cfg: TrainConfig) -> List[Problem]:
         problems.append(Problem("trainer.devices", tr.devices, f"at most {gpus} (the CUDA GPUs of this machine)",
                                 f"set trainer.devices={gpus}, or run where {tr.devices} GPUs are"))
     if cfg.rollout.backend == "vllm":
-        problems += [p for p in [_vllm_problem("rollout.backend", gpus=gpus, fix="rollout=hf")] if p]
+        missing = _vllm_problem("rollout.backend", gpus=gpus, fix="rollout=hf")
+        problems += [missing] if missing else []
+        if cfg.rollout.sleep and not missing:
+            problems += [p for p in [sleep_problem()] if p]
     return problems
+
+
+def sleep_problem() -> Optional[Problem]:
+    """`rollout.sleep=true` where vLLM has no sleep mode: its CPU build (`current_platform.is_sleep_mode_available()`
+    is false there, and `LLM(enable_sleep_mode=True)` refuses), never silently ignored."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_sleep_mode_available():
+        return None
+    return Problem("rollout.sleep", True, f"false on this machine: vLLM's {current_platform.device_type} platform has no "
+                   "sleep mode (CUDA has)", "drop rollout.sleep (the engines then keep their memory between rollouts), "
+                   "or run on a CUDA GPU")
 
 
 def runs_on_gpu(cfg: TrainConfig) -> bool:

@@ -37,7 +37,7 @@ def resume_changes(saved: dict[str, Any], new: TrainConfig, *, at_step: int,
         problems.append(Problem("agents", new_agents, f"{old_agents}, the agents the run was started with",
                                 f"resume with agents=[{','.join(old_agents)}], or start a new run (another run_dir)"))
     for key in sorted(old.keys() | now.keys()):
-        before, after = old.get(key, implied.get(key, "<absent>")), now.get(key, "<absent>")
+        before, after = old.get(key, _implied(implied, key)), now.get(key, "<absent>")
         if before == after or key in location or (key.startswith("agents.") and old_agents != new_agents):
             continue
         if any(fnmatch.fnmatchcase(key, pattern) for pattern in harmless):
@@ -52,6 +52,13 @@ def resume_changes(saved: dict[str, Any], new: TrainConfig, *, at_step: int,
                                 + (", the run has finished)" if completed else ")"),
                                 f"set trainer.steps={at_step + 1 if completed else at_step} or more"))
     return problems, allowed
+
+
+def _implied(implied: dict[str, Any], key: str) -> Any:
+    """The value a run saved before setting `key` existed trained with (patterns: `agents.*.ranks`)."""
+    if key in implied:
+        return implied[key]
+    return next((value for pattern, value in implied.items() if fnmatch.fnmatchcase(key, pattern)), "<absent>")
 
 
 def _shown(value: Any) -> str:

@@ -77,6 +77,17 @@ CASES = [
     ("resume_without_checkpoint", ["resume={run}"], "resume"),
     ("response_past_the_models_positions", ["agents.tiny_a.max_response_len=100000000"], "agents.tiny_a.max_response_len"),
     ("prompt_past_the_models_positions", ["agents.tiny_b.max_prompt_len=300"], "agents.tiny_b.max_prompt_len"),
+    ("split_on_one_device", ["trainer.placement=split"], "trainer.placement"),
+    ("split_three_agents_on_two_ranks", ["agents=[tiny_a,tiny_b,tiny_c]", "trainer=fsdp", "trainer.devices=2",
+                                         "trainer.placement=split"], "trainer.devices"),
+    ("split_sizes_that_do_not_sum", ["trainer=fsdp", "trainer.devices=4", "trainer.placement=split",
+                                     "agents.tiny_a.ranks=1", "agents.tiny_b.ranks=2"], "agents.tiny_a.ranks"),
+    ("split_group_not_dividing_the_prompts", ["trainer=fsdp", "trainer.devices=4", "trainer.placement=split",
+                                              "agents.tiny_a.ranks=3", "agents.tiny_b.ranks=1",
+                                              "data.prompts_per_step=8", "trainer.mini_batch_prompts=4"],
+     "data.prompts_per_step"),
+    ("engine_sleep_with_transformers", ["rollout.sleep=true"], "rollout.sleep"),
+    ("placement_unknown", ["trainer.placement=spread"], "trainer.placement"),
 ]
 
 

@@ -12,8 +12,13 @@ Placement and weight sync: an engine lives in a process of its own by default, a
 through the directory it was built from (`write_weights`, then every worker's `reload_weights`: that
 reload *is* the push, so nothing reloads after a push, TRL#5312). With `in_process`, its worker lives in
 the trainer's process and `reload_weights` gets the tensors themselves; `_engine_environment` keeps
-vLLM from leaving the trainer single-threaded. Deliberately not here: sleep mode (one instance per
-process).
+vLLM from leaving the trainer single-threaded.
+
+Sleep (`rollout.sleep`, CUDA only: vLLM's CPU build has no sleep mode, and the preflight says so): once an
+engine has generated it sleeps at level 2 (weights and KV cache released: the weights are re-sent every step
+anyway), so the trainer has the GPU for old log-probs and updates; the weight sync wakes it in stages, the
+weights' memory first, then the sync, then the KV cache (verl's order: the peak is weights + cache, never two
+copies of the weights).
 """
 
 from __future__ import annotations
@@ -200,7 +205,7 @@ class VLLMEngine:
 
     def __init__(self, model: torch.nn.Module, *, model_dir: str | os.PathLike, eos_token_ids: Sequence[int],
                  gpu_memory_utilization: float, max_model_len: int, dtype: str = "bfloat16", seed: int = 0,
-                 enforce_eager: bool = True, in_process: bool = False, **_unused):
+                 enforce_eager: bool = True, in_process: bool = False, sleep: bool = False, **_unused):
         vllm = require_vllm()
         self.model_dir = Path(model_dir)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
@@ -212,20 +217,41 @@ class VLLMEngine:
                   else dict(kv_cache_memory_bytes=cpu_kv_cache_bytes(gpu_memory_utilization),
                             **cpu_scheduling(max_model_len)))
         self._vllm = vllm
+        self.sleeps = sleep
+        """Sleep between rollouts (`rollout.sleep`)."""
+        self.asleep = False
         with _engine_environment(in_process=in_process):
             self.llm = vllm.LLM(
                 model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
                 max_model_len=max_model_len, enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
                 generation_config="vllm", skip_tokenizer_init=True, **memory,
+                **(dict(enable_sleep_mode=True) if sleep else {}),
             )
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        if self.asleep:  # level 2 released the weights: only a sync brings them back
+            raise RuntimeError("the engine sleeps (rollout.sleep) and holds no weights: sync_weights wakes it")
         params = self._vllm.SamplingParams(**sampling_params_kwargs(sampling, self.eos_token_ids))
         prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return to_generations(outputs, self.eos_token_ids + tuple(sampling.stop_token_ids))
 
+    def rest(self) -> None:
+        """After a training rollout: sleep at level 2 until the next weight sync (`rollout.sleep`; else nothing)."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
+
     def sync_weights(self, model: torch.nn.Module) -> None:
+        """Push `model`'s weights (a sleeping engine: its weights' memory woken first, its KV cache after)."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        self._push(model)
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+
+    def _push(self, model: torch.nn.Module) -> None:
         items = ((name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor)  # lazily, one at a time
                  for name, tensor in full_state_items(model))
         if self.in_process:  # tensors straight into the worker: `reload_weights` re-packs them as the
