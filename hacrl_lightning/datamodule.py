@@ -16,6 +16,7 @@ math of retokenization (exchange.py).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from hacrl_lightning.data.filters import drop_overlong_prompts, keep_fitting, pr
 from hacrl_lightning.data.records import Example, PromptDataset
 from hacrl_lightning.evaluation import answer_rewards
 from hacrl_lightning.failures import generation_failed, is_out_of_memory
+from hacrl_lightning.offload import Residency
 from hacrl_lightning.placement import Placement
 from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.rewards import Reward, RewardPool, exclude_unscorable
@@ -126,13 +128,15 @@ class RolloutDataModule(pl.LightningDataModule):
     ask every engine for the sampled tokens' log-probs (the truncated importance-sampling correction
     needs them); an engine that reports them at no cost (`free_logprobs`: vLLM) is always asked, for the
     rollout/trainer mismatch metric; placement: which agents live on this rank (`agents` are those; default:
-    every agent here)."""
+    every agent here); residency: brings an offloaded agent's weights back while an engine that generates with
+    them (transformers) does (`trainer.offload_idle`)."""
 
     def __init__(self, agents: dict[str, Agent], *, train_set: PromptDataset, eval_set: PromptDataset,
                  data: DataConfig, rollout: RolloutConfig, responses_per_prompt: int, share_rollouts: bool,
                  steps: int, seed: int, engine_dir: Path, engine_logprobs: bool = False,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, residency: Residency | None = None):
         super().__init__()
+        self.residency = residency or Residency(enabled=False)
         self.agents = agents
         """The agents this rank holds (all of them unless `trainer.placement=split`)."""
         self.placement = placement or Placement.shared(list(agents))
@@ -264,7 +268,8 @@ class RolloutDataModule(pl.LightningDataModule):
             prompt_ids = agent.encode_prompts([ex.prompt for ex in examples])
             settings = self.sampling(agent, n=n, seed=step_seed(self.seed, step, 1000 * j + 7 * self._share[0]))
             try:
-                out[name] = self.engines[name].generate(prompt_ids, settings)
+                with self._weights_for(name):
+                    out[name] = self.engines[name].generate(prompt_ids, settings)
                 rest = getattr(self.engines[name], "rest", None)  # a vLLM engine sleeps until its sync (rollout.sleep)
                 if rest is not None:
                     rest()
@@ -275,6 +280,13 @@ class RolloutDataModule(pl.LightningDataModule):
                                         agent.max_response_len, str(self.engine_dir.parent),
                                         backend=self.rollout_cfg.backend) from err
         return out
+
+    def _weights_for(self, name: str):
+        """The agent's training weights on the device while its engine generates, if the engine generates with
+        them (transformers; a vLLM engine holds its own copy)."""
+        if getattr(self.engines.get(name), "holds_own_weights", False):
+            return contextlib.nullcontext()
+        return self.residency.resident(name)
 
     def rollout(self, examples: Sequence[Example], *, step: int) -> StepBatch:
         """The step whole: G responses per prompt from every agent's current weights, decoded and scored
@@ -378,25 +390,29 @@ class RolloutDataModule(pl.LightningDataModule):
 
     # -- held-out evaluation ------------------------------------------------------------------------
 
+    def _evaluate_one(self, name: str, examples: list[Example], *, samples: int, step: int) -> dict[str, float]:
+        from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k
+
+        agent, engine, score = self.agents[name], self.engines[name], self.reward_pool.score
+        j = self.names.index(name)
+        greedy = answer_rewards(agent, engine, examples, samples=1, temperature=0.0, score=score,
+                                seed=step_seed(self.seed, step, 5 + 1000 * j + 7 * self._rank))   # [P, 1]
+        row = {"acc": float(greedy.mean()) if len(examples) else 0.0}
+        if samples > 1:
+            hits = answer_rewards(agent, engine, examples, samples=samples, temperature=None, score=score,
+                                  seed=step_seed(self.seed, step, 9 + 1000 * j + 7 * self._rank))
+            row[f"avg@{samples}"] = float(avg_at_k(hits))
+            row[f"pass@{samples}"] = float(pass_at_k(hits, samples))
+        return row
+
     def evaluate(self, *, samples: int = 1, limit: int | None = None, step: int = 0) -> dict[str, dict[str, float]]:
         """Per agent on the held-out set (`evaluation.answer_rewards`): greedy accuracy, and avg@k /
         pass@k over k answers sampled at the agent's temperature (k > 1)."""
-        from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k
-
         examples = list(self.eval_set)[:limit]
-        score = self.reward_pool.score
         results: dict[str, dict[str, float]] = {}
-        for name, agent in self.agents.items():
-            j = self.names.index(name)
-            seed = step_seed(self.seed, step, 5 + 1000 * j + 7 * self._rank)
-            greedy = answer_rewards(agent, self.engines[name], examples, samples=1, temperature=0.0, seed=seed,
-                                    score=score)                                             # [P, 1]
-            results[name] = {"acc": float(greedy.mean()) if len(examples) else 0.0}
-            if samples > 1:
-                hits = answer_rewards(agent, self.engines[name], examples, samples=samples, temperature=None,
-                                      seed=step_seed(self.seed, step, 9 + 1000 * j + 7 * self._rank), score=score)
-                results[name][f"avg@{samples}"] = float(avg_at_k(hits))
-                results[name][f"pass@{samples}"] = float(pass_at_k(hits, samples))
+        for name in self.agents:
+            with self._weights_for(name):
+                results[name] = self._evaluate_one(name, examples, samples=samples, step=step)
         if self.placement.is_split:  # every agent's scores, from its group's first rank
             import torch.distributed as dist
 

@@ -44,6 +44,7 @@ from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.failures import checkpoints_note, is_out_of_memory
 from hacrl_lightning.grad_share import measure_grad_share
 from hacrl_lightning.loss_stats import LossStats
+from hacrl_lightning.offload import Residency
 from hacrl_lightning.placement import Placement
 from hacrl_lightning.plan import StepPlan, learner_order
 from hacrl_lightning.step import StepBatch, step_seed
@@ -107,11 +108,13 @@ def _detach_mean(values: list[torch.Tensor]) -> float:
 class HACRLModule(pl.LightningModule):
     """agents: the agents this rank holds, in config order (= optimizer order); algorithm: the resolved preset;
     update: sizes and limits of the update loop; placement: which agents live where (default: every agent
-    here, `trainer.placement=shared`)."""
+    here, `trainer.placement=shared`); residency: where each agent's training state is between its phases
+    (`trainer.offload_idle`; default: where Lightning put it)."""
 
     def __init__(self, agents: dict[str, Agent], *, algorithm: AlgorithmConfig, update: UpdateSettings,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, residency: Residency | None = None):
         super().__init__()
+        self.residency = residency or Residency(enabled=False)
         self.alg = algorithm
         self.settings = update
         self.placement = placement or Placement.shared(list(agents))
@@ -195,6 +198,8 @@ class HACRLModule(pl.LightningModule):
             schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda u, w=warmup: min(1.0, (u + 1) / w) if w else 1.0)
             optimizers.append(opt)
             schedulers.append({"scheduler": schedule, "interval": "step"})
+            reference = self.references[name].model if name in self.references else None
+            self.residency.register(name, agent.model, reference=reference, optimizer=opt)
         return optimizers, schedulers
 
     def _optimizers(self):
@@ -206,6 +211,13 @@ class HACRLModule(pl.LightningModule):
         return dict(zip(self.local, opts)), dict(zip(self.local, scheds))
 
     # -- the step -------------------------------------------------------------------------------
+
+    def on_train_start(self) -> None:
+        self.residency.device = self.device  # offload_idle: idle agents' state to the host from here on
+        self.residency.offload_all()
+
+    def on_train_end(self) -> None:
+        self.residency.restore_all()  # exports and the summary read the weights where training left them
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         # RL forward passes run without dropout, so old and new log-probs of a response agree
@@ -297,7 +309,8 @@ class HACRLModule(pl.LightningModule):
                         lowers: tuple[float, ...], grad_share: bool) -> dict[str, float]:
         """`update_learner`, where any fault of the update ends the run naming the agent (`UpdateFailed`)."""
         try:
-            return self.update_learner(k, name, view, plan, tables, lowers, grad_share=grad_share)
+            with self.residency.resident(name, optimizer=True):
+                return self.update_learner(k, name, view, plan, tables, lowers, grad_share=grad_share)
         except RunFailed:
             raise
         except Exception as err:  # noqa: BLE001 - any fault of an update ends the run naming the agent
@@ -382,7 +395,8 @@ class HACRLModule(pl.LightningModule):
         diffs = torch.zeros(len(self.names), 3, dtype=torch.float64)                       # [n, (sum, count, max)]
         for name in self.local:
             try:
-                self._old_logprobs_of(name, views[name], plans[name], old_mean, old_tokens, ref_tokens, diffs)
+                with self.residency.resident(name, reference=True):
+                    self._old_logprobs_of(name, views[name], plans[name], old_mean, old_tokens, ref_tokens, diffs)
             except Exception as err:  # noqa: BLE001 - an allocation failure is said in one line; others raise
                 if not is_out_of_memory(err):
                     raise

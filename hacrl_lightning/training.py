@@ -43,6 +43,7 @@ from hacrl_lightning.files import write_atomically
 from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule, UpdateSettings
+from hacrl_lightning.offload import Residency
 from hacrl_lightning.placement import Placement
 from hacrl_lightning.resume import config_dict, resume_changes
 from hacrl_lightning.run_dir import claim_run_dir, linked_exports_problem, run_dir_of
@@ -87,15 +88,16 @@ def update_settings(cfg: TrainConfig) -> UpdateSettings:
 def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
                     task: tuple[PromptDataset, PromptDataset] | None = None, *,
                     datamodule_class: type[RolloutDataModule] = RolloutDataModule,
-                    placement: Placement | None = None) -> RolloutDataModule:
+                    placement: Placement | None = None, residency: Residency | None = None) -> RolloutDataModule:
     """The run's DataModule over `agents` (`task`: the loaded (train, held-out) sets, else loaded here;
     `datamodule_class`: a subclass, for the benchmark's fixed-length sampling; `placement`: which agents
-    live where, default all here)."""
+    live where, default all here; `residency`: `trainer.offload_idle`'s, shared with the module)."""
     train_set, eval_set = task if task is not None else load_task(cfg.data)
     return datamodule_class(agents, train_set=train_set, eval_set=eval_set, data=cfg.data, rollout=cfg.rollout,
                              responses_per_prompt=cfg.responses_per_prompt, share_rollouts=cfg.algorithm.share_rollouts,
                              steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(cfg.run_dir) / "engine_dirs",
-                             engine_logprobs=cfg.algorithm.rollout_is_cap > 0, placement=placement)
+                             engine_logprobs=cfg.algorithm.rollout_is_cap > 0, placement=placement,
+                             residency=residency)
 
 
 def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = None,
@@ -113,8 +115,10 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
     names = list(placement.names)
     window = CapabilityWindow(len(names), **cfg.algorithm.capability_settings())
     settings = update_settings(cfg)
-    datamodule = make_datamodule(cfg, agents, task, datamodule_class=datamodule_class, placement=placement)
-    module = HACRLModule(agents, algorithm=cfg.algorithm, update=settings, placement=placement)
+    residency = Residency(enabled=cfg.trainer.offload_idle)
+    datamodule = make_datamodule(cfg, agents, task, datamodule_class=datamodule_class, placement=placement,
+                                 residency=residency)
+    module = HACRLModule(agents, algorithm=cfg.algorithm, update=settings, placement=placement, residency=residency)
     roles = {"timer": StepTimer(started=started),
              "evaluation": HeldOutEvalCallback(datamodule, every=cfg.trainer.eval_every,
                                                samples=cfg.trainer.eval_samples),
@@ -125,7 +129,7 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
         CapabilityCallback(window, names),
         StepwiseClipCallback(delta=cfg.algorithm.delta, delta_step=cfg.algorithm.delta_step,
                              mini_batch_size=settings.mini_batch_size),
-        WeightSyncCallback(datamodule),
+        WeightSyncCallback(datamodule, residency),
         roles["timer"],  # after weight sync (part of a step), before evaluation (not part of it)
         *([] if interactive() else [PlainProgress(every=cfg.trainer.progress_every, steps=cfg.trainer.steps,
                                                   timer=roles["timer"])]),

@@ -12,6 +12,7 @@ from typing import Mapping, Protocol
 
 from lightning.pytorch import Callback
 
+from hacrl_lightning.offload import Residency
 from hacrl_lightning.rollout import RolloutEngine
 
 
@@ -22,16 +23,22 @@ class HasEngines(Protocol):
 
 
 class WeightSyncCallback(Callback):
-    """source: the holder of the engines to push the weights to."""
+    """source: the holder of the engines to push the weights to; residency: brings an offloaded agent's weights
+    to the device for its push to an engine with weights of its own (`trainer.offload_idle`)."""
 
-    def __init__(self, source: HasEngines):
+    def __init__(self, source: HasEngines, residency: Residency | None = None):
         self.source = source
+        self.residency = residency or Residency(enabled=False)
         self.last_seconds = 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         engines = self.source.engines
         start = time.perf_counter()
         for name, agent in pl_module.agents.items():
-            engines[name].sync_weights(agent.model)
+            if not getattr(engines[name], "holds_own_weights", False):
+                engines[name].sync_weights(agent.model)  # it generates with the training model: nothing to move
+                continue
+            with self.residency.resident(name):
+                engines[name].sync_weights(agent.model)
         self.last_seconds = time.perf_counter() - start
         pl_module.report({"time/weight_sync": self.last_seconds})

@@ -199,6 +199,9 @@ class VLLMEngine:
     is vLLM's `gpu_memory_utilization`; on vLLM's CPU platform it is the share of this machine's memory
     its KV cache takes (`cpu_kv_cache_bytes`)."""
 
+    holds_own_weights = True
+    """The engine has its own copy of the weights (a sync pushes them): the trainer's may be offloaded while it
+    generates (`trainer.offload_idle`)."""
     free_logprobs = True
     """vLLM samples from log-probs it has already computed: reporting the sampled token's costs nothing, so
     the trainer always asks, for the rollout/trainer mismatch metric (docs/training.md#the-vllm-backend)."""
