@@ -44,6 +44,7 @@ def fake_engine(tmp_path: Path, *, sleeps: bool) -> VLLMEngine:
     engine = VLLMEngine.__new__(VLLMEngine)
     engine.model_dir, engine.eos_token_ids, engine.dtype = tmp_path, (2,), torch.float32
     engine.in_process, engine.platform, engine.sleeps, engine.asleep = False, "cuda", sleeps, False
+    engine.cache_asleep = False
     engine._vllm = SimpleNamespace(SamplingParams=lambda **kwargs: kwargs)
     engine.llm = FakeSleepingLLM()
     (tmp_path / "config.json").write_text("{}")
@@ -56,7 +57,7 @@ def sampling():
     return SamplingSettings(n=1, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=4, seed=0)
 
 
-def test_a_sleeping_engine_wakes_weights_then_syncs_then_wakes_its_cache(tmp_path):
+def test_a_sleeping_engine_wakes_weights_then_syncs_and_wakes_its_cache_when_it_generates(tmp_path):
     engine = fake_engine(tmp_path, sleeps=True)
     model = torch.nn.Linear(2, 2)
     engine.generate([[1, 2]], sampling())
@@ -66,12 +67,12 @@ def test_a_sleeping_engine_wakes_weights_then_syncs_then_wakes_its_cache(tmp_pat
         engine.generate([[1, 2]], sampling())
     engine.llm.calls.clear()
     engine.sync_weights(model)
-    assert engine.llm.calls == [("wake_up", ("weights",)), ("rpc", "reload_weights"), ("reset_prefix_cache",),
-                                ("wake_up", ("kv_cache",))]
+    assert engine.llm.calls == [("wake_up", ("weights",)), ("rpc", "reload_weights"), ("reset_prefix_cache",)]
     assert not engine.asleep and (tmp_path / "model.safetensors").is_file()
     engine.llm.calls.clear()
-    engine.generate([[1, 2]], sampling())
-    assert engine.llm.calls == [("generate", 1)]
+    engine.generate([[1, 2]], sampling())  # its turn: the KV cache only now
+    engine.generate([[1, 2]], sampling())  # (an evaluation after the rollout: awake already)
+    assert engine.llm.calls == [("wake_up", ("kv_cache",)), ("generate", 1), ("generate", 1)]
 
 
 def test_without_sleep_rest_does_nothing(tmp_path):

@@ -16,9 +16,9 @@ vLLM from leaving the trainer single-threaded.
 
 Sleep (`rollout.sleep`, CUDA only: vLLM's CPU build has no sleep mode, and the preflight says so): once an
 engine has generated it sleeps at level 2 (weights and KV cache released: the weights are re-sent every step
-anyway), so the trainer has the GPU for old log-probs and updates; the weight sync wakes it in stages, the
-weights' memory first, then the sync, then the KV cache (verl's order: the peak is weights + cache, never two
-copies of the weights).
+anyway), so the trainer has the GPU for old log-probs and updates; it wakes in stages: the weight sync wakes
+its weights' memory and fills it, and its next rollout wakes its KV cache just before it generates, so while
+one agent's engine generates the others hold at most their weights (docs/PERFORMANCE.md, the phase plan).
 """
 
 from __future__ import annotations
@@ -223,6 +223,9 @@ class VLLMEngine:
         self.sleeps = sleep
         """Sleep between rollouts (`rollout.sleep`)."""
         self.asleep = False
+        """Level-2 sleep: neither weights nor KV cache (until the next sync)."""
+        self.cache_asleep = False
+        """Weights woken and synced, KV cache still released (until the next generation)."""
         with _engine_environment(in_process=in_process):
             self.llm = vllm.LLM(
                 model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
@@ -234,6 +237,9 @@ class VLLMEngine:
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
         if self.asleep:  # level 2 released the weights: only a sync brings them back
             raise RuntimeError("the engine sleeps (rollout.sleep) and holds no weights: sync_weights wakes it")
+        if self.cache_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.cache_asleep = False
         params = self._vllm.SamplingParams(**sampling_params_kwargs(sampling, self.eos_token_ids))
         prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -246,13 +252,12 @@ class VLLMEngine:
             self.asleep = True
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Push `model`'s weights (a sleeping engine: its weights' memory woken first, its KV cache after)."""
+        """Push `model`'s weights (a sleeping engine: its weights' memory woken first; its KV cache at its next
+        generation)."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
+            self.asleep, self.cache_asleep = False, True
         self._push(model)
-        if self.asleep:
-            self.llm.wake_up(tags=["kv_cache"])
-            self.asleep = False
 
     def _push(self, model: torch.nn.Module) -> None:
         items = ((name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor)  # lazily, one at a time
