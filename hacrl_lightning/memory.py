@@ -248,6 +248,9 @@ class AgentMemory:
     """The activation and logits peak of one micro-batch at the maximum lengths, without checkpointing."""
     activations_checkpointed: int
     """The same with gradient checkpointing (each block's input kept, one block recomputed at a time)."""
+    forward_peak: int
+    """The old log-probs' forward pass of one micro-batch (no autograd graph): the logits and the fp32 working
+    copies of one chunk of rows (`logits_forward`)."""
     checkpointing: bool
     gradient_buffers: int
     """One device: the embedding's gradient contributions (LM head and input embedding when tied) that
@@ -279,50 +282,122 @@ class AgentMemory:
         return self.gathered + max(self.peak_activations, self.gradient_buffers, generation)
 
 
+def group_phases(members: List[AgentMemory], *, backend: str, offload: bool, sleep: bool) -> List[tuple[str, int]]:
+    """(phase, bytes on one GPU) of every phase of a step on a GPU that holds `members` (in agent order; the
+    agents take their turns one after another), before the runtime reserve:
+
+    - resident: every member's training state (`AgentMemory.state`), or nothing with `offload` (each part is
+      brought in for the phases that need it: weights, + reference for old log-probs, + gradients and AdamW
+      for the update, + weights for a transformers rollout or a vLLM sync);
+    - engines: every vLLM engine's whole share all the time; with `sleep`, during agent k's rollout its share
+      plus the weights of the engines still to generate (synced, their KV cache asleep), during agent k's sync
+      the weights of the engines synced so far, and nothing while the trainer scores or updates;
+    - the phase's own transient: FSDP2's gathered weights plus the KV cache of one generation chunk
+      (transformers rollout), one forward pass (old log-probs), or one micro-batch's activations (update)."""
+    resident = 0 if offload else sum(a.state for a in members)
+    awake = sum(a.engine for a in members)
+    idle = 0 if sleep else awake
+    phases: List[tuple[str, int]] = []
+    for k, a in enumerate(members):
+        if backend == "vllm":
+            engines = a.engine + sum(b.engine_weights for b in members[k + 1:]) if sleep else awake
+            phases.append((f"rollout {a.name}", resident + engines))
+        else:
+            phases.append((f"rollout {a.name}", resident + (a.master_weights if offload else 0) + a.gathered + a.kv_cache))
+    for a in members:
+        bring = a.master_weights + a.kl_reference if offload else 0
+        phases.append((f"old log-probs {a.name}", resident + idle + bring + a.gathered + a.forward_peak))
+    for a in members:
+        bring = a.master_weights + a.gradients + a.adamw if offload else 0
+        phases.append((f"update {a.name}", resident + idle + bring + a.gathered
+                       + max(a.peak_activations, a.gradient_buffers)))
+    if backend == "vllm":
+        for k, a in enumerate(members):
+            engines = sum(b.engine_weights for b in members[: k + 1]) if sleep else awake
+            phases.append((f"weight sync {a.name}", resident + engines + (a.master_weights if offload else 0)))
+    return phases
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Every agent on one GPU, and the total against the GPU's memory."""
+    """Every agent on the GPUs that hold it, phase by phase, and the peak against one GPU's memory."""
 
     agents: List[AgentMemory]
     gpu_bytes: int
     world: int
-    """Ranks the training state is sharded over (1 unless trainer=fsdp)."""
+    """Ranks of the run (1 unless trainer=fsdp); under `split` each group's own is in `groups`."""
     devices: int
     num_nodes: int
     micro_batch_size: int
     backend: str
     precision: str
     reserve: int = RUNTIME_RESERVE
+    groups: Optional[List[tuple[List[str], int]]] = None
+    """(agents, ranks) of each group of GPUs that hold the same agents: one group of every agent on every rank
+    (`shared`, the default), or one per agent (`trainer.placement=split`)."""
+    offload: bool = False
+    """`trainer.offload_idle`."""
+    sleep: bool = False
+    """`rollout.sleep`."""
+
+    @property
+    def placement(self) -> str:
+        return "split" if self.groups and len(self.groups) > 1 else "shared"
+
+    def _groups(self) -> List[tuple[List[AgentMemory], int]]:
+        by_name = {a.name: a for a in self.agents}
+        groups = self.groups or [([a.name for a in self.agents], self.world)]
+        return [([by_name[name] for name in names], ranks) for names, ranks in groups]
+
+    def phases(self) -> List[tuple[str, int, List[tuple[str, int]]]]:
+        """(the group's agents, its ranks, [(phase, bytes)]) of every group (`group_phases`)."""
+        return [(", ".join(a.name for a in members), ranks,
+                 group_phases(members, backend=self.backend, offload=self.offload, sleep=self.sleep))
+                for members, ranks in self._groups()]
+
+    @property
+    def peak(self) -> tuple[str, str, int]:
+        """(group, phase, bytes) of the largest phase on any GPU, before the runtime reserve."""
+        return max(((group, phase, size) for group, _, phases in self.phases() for phase, size in phases),
+                   key=lambda item: item[2], default=("", "", 0))
 
     @property
     def state(self) -> int:
-        return sum(a.state for a in self.agents)
+        """The training state resident on the fullest GPU all run long (0 with `offload_idle`)."""
+        return 0 if self.offload else max(sum(a.state for a in members) for members, _ in self._groups())
 
     @property
     def engines(self) -> int:
-        return sum(a.engine for a in self.agents)
+        """The engines' memory on the fullest GPU while they are all awake."""
+        return max(sum(a.engine for a in members) for members, _ in self._groups())
 
     @property
     def transient(self) -> int:
-        """Agents update (and generate) one after another: the largest single peak counts."""
-        return max((a.transient for a in self.agents), default=0)
+        """The peak above the resident state and the awake engines (the largest phase's own part)."""
+        return max(0, self.peak[2] - self.state - (0 if self.sleep else self.engines))
 
     @property
     def total(self) -> int:
-        return self.state + self.engines + self.transient + self.reserve
+        return self.peak[2] + self.reserve
 
     @property
     def fits(self) -> bool:
         return self.total <= self.gpu_bytes and all(a.kv_sequences >= 1 for a in self.agents)
 
     def to_json(self, changes: Optional[List[dict]] = None) -> dict:
-        """The same figures as `table`, bytes and GiB, with `"fits"`."""
+        """The same figures as `table`, bytes and GiB, with `"fits"` and every group's phases."""
         agents = {a.name: {**asdict(a), "state": a.state, "transient": a.transient} for a in self.agents}
         totals = {"state": self.state, "engines": self.engines, "transient": self.transient, "reserve": self.reserve,
                   "total": self.total, "gpu": self.gpu_bytes}
+        group, phase, _ = self.peak
+        phases = [{"agents": agents_, "ranks": ranks, "phases": [{"phase": p, "bytes": b, "gib": round(b / GIB, 3)}
+                                                                for p, b in rows]}
+                  for agents_, ranks, rows in self.phases()]
         return {"fits": self.fits, "gib": {k: round(v / GIB, 3) for k, v in totals.items()}, "bytes": totals,
                 "world": self.world, "devices": self.devices, "num_nodes": self.num_nodes,
                 "micro_batch_size": self.micro_batch_size, "backend": self.backend, "precision": self.precision,
+                "placement": self.placement, "offload_idle": self.offload, "sleep": self.sleep,
+                "peak": {"agents": group, "phase": phase}, "phases": phases,
                 "agents": agents, "changes": changes or []}
 
     def table(self) -> str:
@@ -342,14 +417,28 @@ class MemoryPlan:
                  for r in rows]
         verdict = "fits" if self.fits else "does NOT fit"
         short = [a.name for a in self.agents if a.kv_sequences < 1]
+        layout = ("every agent on every rank" if self.placement == "shared" else
+                  "split: " + ", ".join(f"{names[0]} on {ranks}" for names, ranks in self.groups))
+        phase_lines = []
+        for group, ranks, rows in self.phases():
+            phase_lines.append(f"phases on a GPU of {group} ({ranks} rank(s)), GiB before the runtime reserve:")
+            width = max(len(phase) for phase, _ in rows)
+            phase_lines += [f"  {phase.ljust(width)}  {gib(size).rjust(7)}" for phase, size in rows]
+        group, phase, size = self.peak
+        if self.placement == "shared" and not self.offload and not self.sleep:
+            summary = (f"per GPU: training state {gib(self.state)} + engines {gib(self.engines)} + largest update/"
+                       f"generation peak {gib(self.transient)} + runtime reserve {gib(self.reserve)}")
+        else:
+            summary = f"per GPU: largest phase ({phase}, GPU of {group}) {gib(size)} + runtime reserve {gib(self.reserve)}"
         return "\n".join([
-            f"memory plan per GPU (GiB): {self.devices} device(s) x {self.num_nodes} node(s), training state sharded "
-            f"over {self.world}, {self.precision}, micro-batch {self.micro_batch_size}, rollout={self.backend}",
+            f"memory plan per GPU (GiB): {self.devices} device(s) x {self.num_nodes} node(s), {layout}, "
+            f"training state sharded over {self.world if self.placement == 'shared' else 'its group'}"
+            f"{', offloaded while idle' if self.offload else ''}, {self.precision}, micro-batch {self.micro_batch_size}, "
+            f"rollout={self.backend}{' (engines sleep)' if self.sleep else ''}",
             *lines,
             "  (* the activation peak that applies: agents.<key>.gradient_checkpointing)",
-            f"per GPU: training state {gib(self.state)} + engines {gib(self.engines)} + largest update/generation "
-            f"peak {gib(self.transient)} + runtime reserve {gib(self.reserve)} = {gib(self.total)} GiB of "
-            f"{gib(self.gpu_bytes)} GiB: {verdict}"
+            *phase_lines,
+            f"{summary} = {gib(self.total)} GiB of {gib(self.gpu_bytes)} GiB: {verdict}"
             + (f"; no room for one maximum-length sequence in the KV cache of {short}" if short else ""),
         ])
 
@@ -369,6 +458,13 @@ def logits_peak(arch: Architecture, rows: int, tokens: int, c: int) -> int:
     log-softmax inputs autograd keeps for every row, and two fp32 working copies of one LOGPROB_ROWS chunk."""
     per_row = tokens * arch.vocab
     return c * rows * per_row + 4 * rows * per_row + 2 * 4 * min(rows, LOGPROB_ROWS) * per_row
+
+
+def logits_forward(arch: Architecture, rows: int, tokens: int, c: int) -> int:
+    """`Agent.token_logprobs` without autograd (old log-probs): the logits in the compute dtype and two fp32
+    working copies of one LOGPROB_ROWS chunk."""
+    per_row = tokens * arch.vocab
+    return c * rows * per_row + 2 * 4 * min(rows, LOGPROB_ROWS) * per_row
 
 
 def activation_peak(arch: Architecture, rows: int, tokens: int, c: int, *, checkpointed: bool) -> int:
@@ -408,15 +504,17 @@ def kv_tokens(arch: Architecture, kv_bytes: int, dtype_bytes: int) -> int:
     return kv_bytes // arch.kv_bytes_per_token(dtype_bytes)
 
 
-def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int) -> AgentMemory:
-    """One agent's figures on one GPU (see AgentMemory)."""
-    world, c = shard_world(cfg), compute_bytes(cfg)
+def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int,
+                 world: Optional[int] = None) -> AgentMemory:
+    """One agent's figures on one GPU of the `world` ranks that hold it (default: the run's, `shard_world`;
+    under `split` its group's), see AgentMemory."""
+    world, c = world or shard_world(cfg), compute_bytes(cfg)
     agent = cfg.agents[name]
     params = arch.parameters
     shard = math.ceil(params / world)
     tokens = agent.max_prompt_len + agent.max_response_len
     rows = cfg.trainer.micro_batch_size
-    ranks = cfg.trainer.devices * cfg.trainer.num_nodes
+    ranks = world if cfg.trainer.placement == "split" else cfg.trainer.devices * cfg.trainer.num_nodes
     rows_local = max(1, cfg.data.prompts_per_step // ranks) * cfg.responses_per_prompt
     return AgentMemory(
         name=name, parameters=params, master_weights=4 * shard, gradients=4 * shard,
@@ -425,6 +523,7 @@ def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int
         gathered=_gathered(arch, cfg, world, c),
         activations=activation_peak(arch, rows, tokens, c, checkpointed=False),
         activations_checkpointed=activation_peak(arch, rows, tokens, c, checkpointed=True),
+        forward_peak=logits_forward(arch, rows, tokens, c),
         checkpointing=agent.gradient_checkpointing,
         gradient_buffers=0 if world > 1 else (2 if arch.tied_embeddings else 1) * 4 * arch.vocab * arch.hidden,
         **_engine(name, arch, cfg, gpu_bytes, rows_local),
@@ -432,11 +531,22 @@ def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int
 
 
 def plan_memory(cfg: TrainConfig, architectures: Mapping[str, Architecture], gpu_bytes: int) -> MemoryPlan:
-    """The plan of `cfg` on GPUs of `gpu_bytes` each; `architectures`: one per agent of cfg."""
+    """The plan of `cfg` on GPUs of `gpu_bytes` each; `architectures`: one per agent of cfg. Under
+    `trainer.placement=split` each agent is planned on its own group (`placement.group_sizes`, in proportion to
+    the agents' parameter counts where `agents.<key>.ranks` is unset)."""
     tr = cfg.trainer
-    return MemoryPlan(agents=[agent_memory(name, architectures[name], cfg, gpu_bytes) for name in cfg.agents],
+    groups = None
+    if tr.placement == "split" and tr.strategy == "fsdp" and len(cfg.agents) <= shard_world(cfg):
+        from hacrl_lightning.placement import group_sizes
+
+        sizes = group_sizes(cfg, {name: architectures[name].parameters for name in cfg.agents})
+        groups = [([name], size) for name, size in sizes.items()]
+    worlds = {name: size for (name,), size in ((g[0], g[1]) for g in groups)} if groups else {}
+    return MemoryPlan(agents=[agent_memory(name, architectures[name], cfg, gpu_bytes, worlds.get(name))
+                              for name in cfg.agents],
                       gpu_bytes=int(gpu_bytes), world=shard_world(cfg), devices=tr.devices, num_nodes=tr.num_nodes,
-                      micro_batch_size=tr.micro_batch_size, backend=cfg.rollout.backend, precision=tr.precision)
+                      micro_batch_size=tr.micro_batch_size, backend=cfg.rollout.backend, precision=tr.precision,
+                      groups=groups, offload=tr.offload_idle, sleep=cfg.rollout.sleep and cfg.rollout.backend == "vllm")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -484,6 +594,45 @@ def _engine_memory(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
             for name, agent in cfg.agents.items() if agent.gpu_memory_utilization != before[name]] or None
 
 
+def _sleep(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
+    if cfg.rollout.backend != "vllm" or cfg.rollout.sleep:
+        return None
+    cfg.rollout.sleep = True
+    return ["rollout.sleep=true"]
+
+
+def _offload(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
+    if cfg.trainer.offload_idle:
+        return None
+    cfg.trainer.offload_idle = True
+    return ["trainer.offload_idle=true"]
+
+
+def _split(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
+    """One group of GPUs per agent, sized in proportion to what each agent holds (each size a divisor of the
+    step's prompts; else equal groups), when the run has a rank per agent."""
+    from hacrl_lightning.placement import group_sizes, split_problems
+
+    if cfg.trainer.placement == "split" or cfg.trainer.strategy != "fsdp" or shard_world(cfg) < len(cfg.agents):
+        return None
+    before = {name: agent.ranks for name, agent in cfg.agents.items()}
+    cfg.trainer.placement = "split"
+    if not split_problems(cfg):
+        weights = {a.name: a.parameters for a in plan_of(cfg).agents}
+        sizes = group_sizes(cfg, weights)
+        world = shard_world(cfg)
+        if any(cfg.data.prompts_per_step % size for size in sizes.values()) and world % len(sizes) == 0:
+            sizes = {name: world // len(sizes) for name in sizes}
+        for name, size in sizes.items():
+            cfg.agents[name].ranks = size
+    if split_problems(cfg):
+        cfg.trainer.placement = "shared"
+        for name, ranks in before.items():
+            cfg.agents[name].ranks = ranks
+        return None
+    return ["trainer.placement=split", *(f"agents.{name}.ranks={agent.ranks}" for name, agent in cfg.agents.items())]
+
+
 def _more_nodes(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
     if cfg.trainer.strategy != "fsdp":
         if cfg.trainer.devices == 1:
@@ -500,7 +649,13 @@ MAX_NODES = 16
 """The most nodes `fixes` tries."""
 CHANGES = (("fewer sequences per forward/backward pass: the same update in more passes", _smaller_micro_batch),
            ("gradient checkpointing: about a third more forward compute", _checkpointing),
+           ("engines asleep while the trainer scores and updates: a wake-up and a KV-cache allocation per step",
+            _sleep),
+           ("idle agents' training state in host memory: host-device copies of each agent's state per step",
+            _offload),
            ("a smaller engine memory share: a smaller KV cache, slower rollouts", _engine_memory),
+           ("each agent on its own GPUs: its state sharded over fewer ranks, the groups generating at once",
+            _split),
            ("more nodes: the training state sharded further", _more_nodes))
 """Changes in the order of what they cost. `algorithm.cross_samples_per_prompt` is not among them: it caps
 the rows a learner trains on (time), not what one micro-batch holds (memory)."""
@@ -522,10 +677,27 @@ def fixes(cfg: TrainConfig, architectures: Mapping[str, Architecture], gpu_bytes
     return out
 
 
+def with_changes(cfg: TrainConfig, changes: List[dict]) -> TrainConfig:
+    """A copy of `cfg` with every override of `changes` (`fixes`) applied: the run the last change plans."""
+    import yaml
+
+    trial = copy.deepcopy(cfg)
+    for change in changes:
+        for override in change["overrides"]:
+            key, value = override.split("=", 1)
+            *path, leaf = key.split(".")
+            node: Any = trial
+            for part in path:
+                node = node[part] if isinstance(node, dict) else getattr(node, part)
+            setattr(node, leaf, yaml.safe_load(value))
+    return trial
+
+
 def describe_fixes(changes: List[dict], gpu_bytes: int) -> str:
     """The ranked changes, one line each, with the plan's figure after it."""
     if not changes:
-        return "no change among micro-batch size, checkpointing, engine share and nodes makes it fit"
+        return ("no change among micro-batch size, checkpointing, engine sleep, offload, engine share, split placement "
+                "and nodes makes it fit")
     lines = []
     for i, change in enumerate(changes, 1):
         verdict = "fits" if change["fits"] else "still too large"
@@ -586,4 +758,4 @@ def memory_problems(cfg: TrainConfig, *, on_gpu: bool) -> List[Problem]:
 
 
 __all__ = ["Architecture", "AgentMemory", "MemoryPlan", "UnknownArchitecture", "architecture_of", "plan_memory",
-           "fixes", "describe_fixes", "memory_problems", "run_architectures", "gpu_memory_bytes"]
+           "fixes", "with_changes", "describe_fixes", "memory_problems", "run_architectures", "gpu_memory_bytes"]

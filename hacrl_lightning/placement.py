@@ -72,7 +72,10 @@ def split_problems(cfg) -> list[tuple[str, Any, str, str]]:
 def group_sizes(cfg, weights: Optional[Mapping[str, float]] = None) -> dict[str, int]:
     """Ranks per agent under `split`: `agents.<key>.ranks` where set; the others share the remaining ranks in
     proportion to `weights` (what each agent holds, e.g. its parameter count; default equal), at least one
-    each, largest remainders first. Assumes `split_problems(cfg)` is empty."""
+    each, every size a divisor of `data.prompts_per_step` (a group divides all the step's prompts over its
+    ranks): of the sizes that sum to the ranks left, the ones closest to the proportional shares (least squares;
+    the proportional rounding itself where it divides). Without any such sizes, the proportional rounding, which
+    `split_problems` then refuses naming `data.prompts_per_step`."""
     names = list(cfg.agents)
     sizes = {name: cfg.agents[name].ranks for name in names if cfg.agents[name].ranks > 0}
     free = [name for name in names if name not in sizes]
@@ -80,14 +83,30 @@ def group_sizes(cfg, weights: Optional[Mapping[str, float]] = None) -> dict[str,
     if free:
         weight = {name: float((weights or {}).get(name, 1.0)) for name in free}
         total = sum(weight.values()) or 1.0
-        extra = left - len(free)  # one rank each first
-        share = {name: extra * weight[name] / total for name in free}
-        given = {name: 1 + int(share[name]) for name in free}
-        rest = left - sum(given.values())
-        for name in sorted(free, key=lambda n: (-(share[n] - int(share[n])), names.index(n)))[:rest]:
-            given[name] += 1
-        sizes.update(given)
+        share = {name: 1 + (left - len(free)) * weight[name] / total for name in free}
+        sizes.update(_closest_divisors(free, share, left, cfg.data.prompts_per_step))
     return {name: sizes[name] for name in names}
+
+
+def _closest_divisors(free: list[str], share: Mapping[str, float], left: int, prompts: int) -> dict[str, int]:
+    """Sizes >= 1 for `free` summing to `left`, each dividing `prompts`, nearest `share` in squared error (a
+    small dynamic programme: agents x ranks x divisors); the largest-remainder rounding where none exists."""
+    rounded = {name: int(share[name]) for name in free}
+    for name in sorted(free, key=lambda n: (-(share[n] - int(share[n])), free.index(n)))[: left - sum(rounded.values())]:
+        rounded[name] += 1
+    divisors = [d for d in range(1, left + 1) if prompts % d == 0]
+    if all(prompts % size == 0 for size in rounded.values()) or not divisors:
+        return rounded
+    best: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {(len(free), 0): (0.0, ())}
+    for i in range(len(free) - 1, -1, -1):  # best[(i, r)]: agents i.. with r ranks
+        for r in range(left + 1):
+            options = [(best[(i + 1, r - d)][0] + (d - share[free[i]]) ** 2, (d, *best[(i + 1, r - d)][1]))
+                       for d in divisors if d <= r and (i + 1, r - d) in best]
+            if options:
+                best[(i, r)] = min(options)
+    if (0, left) not in best:
+        return rounded
+    return dict(zip(free, best[(0, left)][1]))
 
 
 @dataclass

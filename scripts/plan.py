@@ -10,9 +10,11 @@ and loads no weights: each agent's architecture comes from agents/arch/<hub id>.
 the config.json of a local directory or zoo build (`hacrl_lightning.memory`). Prints, per agent and per
 GPU, the fp32 master weights, gradients and AdamW state (sharded over devices x nodes under trainer=fsdp),
 the KL reference, FSDP2's gathered weights, the activation peak of one micro-batch with and without
-gradient checkpointing, the engine's weights and KV cache, and the total against one GPU's memory (the
+gradient checkpointing, the engine's weights and KV cache, the peak of every phase of a step on each GPU
+(rollout, old log-probs and update of each agent, weight sync; with trainer.placement=split per group, with
+trainer.offload_idle and rollout.sleep what they free), and the largest against one GPU's memory (the
 device's own where CUDA is present, else trainer.gpu_memory_gib, 80 by default); when it does not fit,
-the changes that would make it fit, cheapest first. train.py runs the same check on a GPU and refuses a
+the changes that would make it fit, cheapest first, and the plan they reach. train.py runs the same check on a GPU and refuses a
 run that cannot fit (docs/PERFORMANCE.md#the-memory-plan).
 
 Flags: --json PATH (the same figures, with "fits": true|false), --sbatch NODES (print an sbatch script
@@ -86,7 +88,8 @@ def main(argv: list[str]) -> int:
     if show:
         print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
         return 0
-    from hacrl_lightning.memory import describe_fixes, fixes, gpu_memory_bytes, plan_memory, run_architectures
+    from hacrl_lightning.memory import (describe_fixes, fixes, gpu_memory_bytes, plan_memory, run_architectures,
+                                        with_changes)
 
     if nodes is not None:
         cfg.trainer.num_nodes = int(nodes)
@@ -102,6 +105,9 @@ def main(argv: list[str]) -> int:
     if not plan.fits:
         print("changes that would make it fit, cheapest first (each with the plan's total after it):")
         print(describe_fixes(changes, gpu_bytes))
+        if changes and changes[-1]["fits"]:
+            print("\nthe plan with those changes:")
+            print(plan_memory(with_changes(cfg, changes), architectures, gpu_bytes).table())
     if json_path:
         Path(json_path).write_text(json.dumps(plan.to_json(changes), indent=2) + "\n")
         print(f"plan: {json_path}")

@@ -255,3 +255,79 @@ def test_an_unknown_architecture_names_the_file_to_add(script_main, capsys, tmp_
 def test_a_gpu_memory_that_is_not_positive_is_a_config_error(value):
     with pytest.raises(ConfigError, match="trainer.gpu_memory_gib"):
         compose_config([f"trainer.gpu_memory_gib={value}"])
+
+
+def _agent(name: str, **figures):
+    from hacrl_lightning.memory import AgentMemory
+
+    base = dict(parameters=0, master_weights=0, gradients=0, adamw=0, kl_reference=0, gathered=0, activations=0,
+                activations_checkpointed=0, forward_peak=0, checkpointing=False, gradient_buffers=0,
+                engine_weights=0, engine_reserve=0, kv_cache=0, kv_sequences=1, engine=0)
+    return AgentMemory(name=name, **{**base, **figures})
+
+
+def test_the_phase_arithmetic_by_hand():
+    """Two agents on one GPU with round figures (GiB-free units): what each phase holds, with and without
+    offload and sleep, worked out by hand from the rules in `group_phases`' docstring."""
+    from hacrl_lightning.memory import MemoryPlan, group_phases
+
+    a = _agent("a", master_weights=10, gradients=10, adamw=20, kl_reference=10, gathered=3, activations=7,
+               forward_peak=4, engine_weights=5, engine=12)   # state 50
+    b = _agent("b", master_weights=2, gradients=2, adamw=4, kl_reference=0, gathered=1, activations=9,
+               forward_peak=1, engine_weights=1, engine=6)    # state 8
+    plain = dict(group_phases([a, b], backend="vllm", offload=False, sleep=False))
+    # resident 58, engines 18 in every phase
+    assert plain == {"rollout a": 76, "rollout b": 76, "old log-probs a": 58 + 18 + 3 + 4,
+                     "old log-probs b": 58 + 18 + 1 + 1, "update a": 58 + 18 + 3 + 7, "update b": 58 + 18 + 1 + 9,
+                     "weight sync a": 76, "weight sync b": 76}
+    shared = dict(group_phases([a, b], backend="vllm", offload=True, sleep=True))
+    # nothing resident; a's rollout: its share + b's synced weights; b's: its share alone (a sleeps again)
+    assert shared == {"rollout a": 12 + 1, "rollout b": 6,
+                      "old log-probs a": 10 + 10 + 3 + 4, "old log-probs b": 2 + 0 + 1 + 1,
+                      "update a": 10 + 10 + 20 + 3 + 7, "update b": 2 + 2 + 4 + 1 + 9,
+                      "weight sync a": 5 + 10, "weight sync b": 5 + 1 + 2}
+    hf = dict(group_phases([_agent("c", master_weights=4, gathered=1, kv_cache=6, activations=2)], backend="hf",
+                           offload=True, sleep=False))
+    assert hf == {"rollout c": 4 + 1 + 6, "old log-probs c": 4 + 1, "update c": 4 + 1 + 2}
+    plan = MemoryPlan(agents=[a, b], gpu_bytes=100, world=2, devices=2, num_nodes=1, micro_batch_size=1,
+                      backend="vllm", precision="bf16-mixed", reserve=2, groups=[(["a"], 1), (["b"], 1)],
+                      offload=True, sleep=True)
+    # split: a's GPU peaks at its update (50), b's at its update (18); the plan is the worst GPU's + reserve
+    assert plan.peak == ("a", "update a", 50) and plan.total == 52 and plan.fits
+    assert plan.to_json()["phases"][1]["phases"][0] == {"phase": "rollout b", "bytes": 6, "gib": 0.0}
+
+
+FOUR_AT_SIZE = ["agents=[qwen3_8b_base,llama3_8b,qwen3_4b_base,qwen3_4b]", "trainer=fsdp", "trainer.devices=8",
+                "rollout=vllm", "algorithm.kl_coef=0.001", "data.prompts_per_step=128", "rollout.group_size=8",
+                "trainer.mini_batch_prompts=64", "trainer.micro_batch_size=8"]
+"""Issue 34's case: two 8B and two 4B agents with the paper's settings on one node of 8 x 80 GB."""
+
+
+def test_four_agents_at_size_reach_a_layout_that_fits_one_node(script_main, capsys, tmp_path):
+    """Every GPU holding every agent's state and engine does not fit; the plan's changes (engine sleep and idle
+    offload among them) reach one that fits on the same node, printed phase by phase, and applying them fits."""
+    main = script_main("plan")
+    assert main([*FOUR_AT_SIZE, "--json", str(tmp_path / "plan.json")]) == 1
+    out = capsys.readouterr().out
+    assert "the plan with those changes:" in out and "update qwen3_8b_base" in out
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    applied = [o for change in plan["changes"] for o in change["overrides"]]
+    assert plan["changes"][-1]["fits"] and not any(o.startswith("trainer.num_nodes=") for o in applied)
+    assert "rollout.sleep=true" in applied and "trainer.offload_idle=true" in applied
+    assert main([*FOUR_AT_SIZE, *applied, "--json", str(tmp_path / "fixed.json")]) == 0
+    fixed = json.loads((tmp_path / "fixed.json").read_text())
+    assert fixed["offload_idle"] and fixed["sleep"] and fixed["bytes"]["total"] == plan["changes"][-1]["total"]
+    phases = {row["phase"] for group in fixed["phases"] for row in group["phases"]}
+    assert {"rollout qwen3_8b_base", "old log-probs qwen3_4b", "update llama3_8b", "weight sync qwen3_4b"} <= phases
+
+
+def test_a_split_plan_shards_each_agent_over_its_own_group(script_main, capsys, tmp_path):
+    main = script_main("plan")
+    main([*FOUR_AT_SIZE, "trainer.placement=split", "--json", str(tmp_path / "split.json")])
+    split = json.loads((tmp_path / "split.json").read_text())
+    assert split["placement"] == "split" and [g["ranks"] for g in split["phases"]] == [2, 2, 2, 2]
+    agents = split["agents"]
+    # an 8B agent's fp32 master weights over its 2 ranks: 4 bytes x 8.19e9 / 2
+    assert agents["qwen3_8b_base"]["master_weights"] == 4 * -(-agents["qwen3_8b_base"]["parameters"] // 2)
+    assert [row["phase"] for row in split["phases"][0]["phases"]] == [
+        "rollout qwen3_8b_base", "old log-probs qwen3_8b_base", "update qwen3_8b_base", "weight sync qwen3_8b_base"]

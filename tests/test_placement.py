@@ -20,13 +20,26 @@ def cfg_of(*overrides: str):
 
 
 def test_sizes_follow_what_each_agent_holds_with_at_least_one_rank_each():
-    cfg = cfg_of("agents=[tiny_a,tiny_b,tiny_c]", "trainer.devices=8", "data.prompts_per_step=8")
-    # 8 ranks, one each first, the other 5 in proportion 6 : 3 : 1 -> 3, 1.5, 0.5 -> 3 + 1 (largest remainder) ...
+    cfg = cfg_of("agents=[tiny_a,tiny_b,tiny_c]", "trainer.devices=8", "data.prompts_per_step=120")
+    # one rank each first, the other 5 in proportion 6 : 3 : 1: shares 4, 2.5, 1.5 -> 4, 3 (largest remainder), 1
     assert group_sizes(cfg, {"tiny_a": 6.0, "tiny_b": 3.0, "tiny_c": 1.0}) == {"tiny_a": 4, "tiny_b": 3, "tiny_c": 1}
     assert group_sizes(cfg) == {"tiny_a": 3, "tiny_b": 3, "tiny_c": 2}  # equal weights: the first ones larger
     assert group_sizes(cfg, {"tiny_a": 1e9, "tiny_b": 1.0, "tiny_c": 1.0}) == {"tiny_a": 6, "tiny_b": 1, "tiny_c": 1}
-    fixed = cfg_of("agents=[tiny_a,tiny_b,tiny_c]", "trainer.devices=8", "agents.tiny_b.ranks=5")
+    fixed = cfg_of("agents=[tiny_a,tiny_b,tiny_c]", "trainer.devices=8", "agents.tiny_b.ranks=5",
+                   "data.prompts_per_step=120")
     assert group_sizes(fixed, {"tiny_a": 1.0, "tiny_b": 1.0, "tiny_c": 3.0}) == {"tiny_a": 1, "tiny_b": 5, "tiny_c": 2}
+
+
+def test_sizes_divide_the_steps_prompts_nearest_the_proportional_shares():
+    """A group answers every prompt of the step, divided over its ranks: 8 prompts cannot go over 3 ranks."""
+    cfg = cfg_of("agents=[tiny_a,tiny_b,tiny_c]", "trainer.devices=8", "data.prompts_per_step=8")
+    # shares 4, 2.5, 1.5 round to 4, 3, 1; of the sizes dividing 8, (4, 2, 2) is nearest in squared error
+    assert group_sizes(cfg, {"tiny_a": 6.0, "tiny_b": 3.0, "tiny_c": 1.0}) == {"tiny_a": 4, "tiny_b": 2, "tiny_c": 2}
+    four = cfg_of("agents=[tiny_a,tiny_b,tiny_c,tiny_d]", "trainer.devices=16", "data.prompts_per_step=128")
+    # two 8B and two 4B agents on 16 ranks: shares 5.3, 5.3, 2.7, 2.7; powers of two nearest: 4 each
+    assert group_sizes(four, {"tiny_a": 8.0, "tiny_b": 8.0, "tiny_c": 4.0, "tiny_d": 4.0}) == \
+        {"tiny_a": 4, "tiny_b": 4, "tiny_c": 4, "tiny_d": 4}
+    assert split_problems(four) == []
 
 
 def test_groups_are_contiguous_in_agent_order_and_each_rank_holds_one_agent():
