@@ -232,3 +232,23 @@ def _export_config(directory: Path):
     from hacrl_lightning.evaluation import export_config
 
     return export_config(directory)[1]
+
+
+def test_split_placement_runs_one_engine_per_rank_and_they_answer_as_the_exports(tmp_path, zoo_cache):
+    """`rollout=vllm trainer.placement=split` on 2 gloo ranks: each rank holds one agent and starts only its
+    engine (its copy of the export: `engine_dirs/<agent>-rank<r>`, none of the other agent's); 2 steps train
+    with the step plan's update counts, and the synced engines' final answers are a transformers evaluation's
+    of the exports."""
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm", "trainer=fsdp", "trainer.accelerator=cpu",
+                           "trainer.devices=2", "trainer.precision=32-true", "trainer.placement=split", "trainer.steps=2",
+                           "data.eval_size=32",
+                           "rollout.group_size=4", f"run_dir={run}", f"zoo_cache={zoo_cache}",
+                           "agents.tiny_a.gpu_memory_utilization=0.01", "agents.tiny_b.gpu_memory_utilization=0.01"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 2
+    copies = sorted(p.name for p in (run / "engine_dirs").iterdir() if "-rank" in p.name)
+    assert copies == ["tiny_a-rank0", "tiny_b-rank1"]
+    assert_engines_answered_as_their_exports(run, summary, zoo_cache, updates_per_step=4)  # n·P/mini = 2·8/4
