@@ -39,13 +39,13 @@ def test_every_part_runs_and_the_reports_say_so(tiny_check):
     for name, part in report["parts"].items():
         assert part["status"] == "ok", (name, part.get("output_tail"))
         assert f"| {name} | ok |" in md
-    assert "skipped" in report["parts"]["offload"]  # until trainer.placement exists (issue 34)
+    assert report["parts"]["offload"]["plan_gib"]["offload_idle"] is True
     built = report["parts"]["build"]
     assert {built[k]["architecture"] for k in ("qwen3_1_7b", "llama3_2_1b_instruct")} == \
         {"Qwen/Qwen3-1.7B", "meta-llama/Llama-3.2-1B-Instruct"}
 
 
-@pytest.mark.parametrize("part, steps", [("single", TINY.steps), ("fsdp", FSDP_STEPS)])
+@pytest.mark.parametrize("part, steps", [("single", TINY.steps), ("offload", FSDP_STEPS), ("fsdp", FSDP_STEPS)])
 def test_training_parts_do_the_planned_work(tiny_check, part, steps):
     _, report, _ = tiny_check
     result = report["parts"][part]
@@ -81,12 +81,12 @@ def test_the_bf16_drift_is_measured_for_each_learner(tiny_check):
 
 @pytest.mark.slow
 def test_a_failing_part_is_reported_and_the_check_goes_on(tmp_path, zoo_cache):
-    proc, report, md = check(tmp_path, zoo_cache, "--parts", "single,offload")  # no build: no agent directories
+    proc, report, md = check(tmp_path, zoo_cache, "--parts", "single,env")  # no build: no agent directories
     assert proc.returncode == 1
     single = report["parts"]["single"]
     assert single["status"].startswith("failed")
     assert "AgentLoadError" in single["output_tail"] or "does not exist" in single["output_tail"]
-    assert report["parts"]["offload"]["status"] == "ok"
+    assert report["parts"]["env"]["status"] == "ok"
     assert "**single** failed" in md
 
 

@@ -17,8 +17,9 @@ A lent GPU comes rarely and for minutes (docs/GPU.md), so nothing is written the
   peak `torch.cuda.max_memory_allocated` of each phase against the memory plan's figure for the same
   configuration (`memory.plan_memory`); and, at the first step, each learner's first micro-batch loss and
   gradient under bf16 autocast against the same in fp32 on the same weights (the drift).
+- `offload`: the same as `single` with `trainer.offload_idle=true` (each agent's training state in host memory
+  between its phases), `FSDP_STEPS` steps: each phase's peak against the plan's with offload, beside `single`'s.
 - `fsdp`: the same under `trainer=fsdp trainer.devices=1` (FSDP2 over a one-rank mesh, NCCL), `FSDP_STEPS` steps.
-- `offload`: the placement issue's `offload_idle`; skipped, with the reason, while it does not exist.
 
 A part that fails or runs past its limit is recorded with its traceback (the end of its output) and the
 check goes on. The JSON (`gpu_check.json`) and Markdown (`gpu_check.md`) reports are rewritten after every
@@ -80,8 +81,8 @@ the memory plan gives 63.7 GiB at micro-batch 8, the first run measured a 60.8 G
 TINY = Size(prompts=2, group=2, prompt_len=128, response_len=8, micro_batch=4, mini_batch_prompts=2,
             generation_batch=8, steps=3)
 
-PARTS = ("env", "build", "single", "fsdp", "offload")
-LIMITS_S = {"env": 90, "build": 120, "single": 260, "fsdp": 200, "offload": 60}
+PARTS = ("env", "build", "single", "offload", "fsdp")
+LIMITS_S = {"env": 90, "build": 120, "single": 260, "offload": 200, "fsdp": 200}
 """Each part's own limit on a GPU (the check's `--budget-s` caps them all); `--tiny` gives each 600 s."""
 DATASHEET_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
 """Dense bf16 tensor-core peaks from the datasheets (SXM), by a name found in the device's name."""
@@ -188,7 +189,7 @@ def _parameters(path: Path) -> int:
     return Architecture.from_config(json.loads((path / "config.json").read_text())).parameters
 
 
-def overrides(args, size: Size, *, fsdp: bool) -> list[str]:
+def overrides(args, size: Size, *, fsdp: bool, offload: bool = False) -> list[str]:
     """The training parts' configuration: the two agent presets pointed at the built directories."""
     agents = Path(args.work) / "agents"
     out = [f"agents=[{','.join(AGENTS)}]", "algorithm=hacpo"]
@@ -203,7 +204,8 @@ def overrides(args, size: Size, *, fsdp: bool) -> list[str]:
             f"trainer.micro_batch_size={size.micro_batch}", f"trainer.steps={size.steps}", "trainer.devices=1",
             f"trainer.accelerator={accelerator}", "trainer.precision=bf16-mixed", "trainer.eval_every=0",
             "trainer.export_agents=false", "trainer.checkpoint_every=0", "trainer.checkpoint_minutes=0",
-            "trainer.diagnostics_every=0", f"run_dir={Path(args.work) / ('run_fsdp' if fsdp else 'run_single')}",
+            "trainer.diagnostics_every=0", f"trainer.offload_idle={str(offload).lower()}",
+            f"run_dir={Path(args.work) / ('run_fsdp' if fsdp else 'run_offload' if offload else 'run_single')}",
             "overwrite=true"]
     if args.zoo_cache:
         out.append(f"zoo_cache={args.zoo_cache}")
@@ -224,11 +226,7 @@ FSDP_STEPS = 2
 
 
 def part_offload(args) -> dict:
-    from hacrl_lightning.config import TrainerConfig
-
-    if "placement" not in TrainerConfig.__dataclass_fields__:
-        return {"skipped": "trainer.placement / offload_idle do not exist yet (issue 34)"}
-    raise NotImplementedError("offload_idle exists: add its run to bench/gpu_check.py (issue 35, part 3)")
+    return train_part(args, fsdp=False, drift=False, offload=True)
 
 
 class CudaPhaseMemory:
@@ -263,7 +261,7 @@ class CudaPhaseMemory:
         return self.steps + [self.current]
 
 
-def train_part(args, *, fsdp: bool, drift: bool) -> dict:
+def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False) -> dict:
     """`size.steps` fixed-length HACPO steps as `train()` builds them (`bench.step.instrument`), with each
     phase's time, tokens and peak memory, the plan's figures for the same configuration, and (`drift`) the
     bf16/fp32 drift of each learner's first micro-batch."""
@@ -274,9 +272,9 @@ def train_part(args, *, fsdp: bool, drift: bool) -> dict:
     from hacrl_lightning.cli import compose_config
     from hacrl_lightning.training import build_system, build_trainer
 
-    steps = args.steps or (FSDP_STEPS if fsdp else None)
+    steps = args.steps or (FSDP_STEPS if fsdp or offload else None)
     size = replace(TINY if args.tiny else FULL, **({"steps": steps} if steps else {}))
-    cfg, _ = compose_config(overrides(args, size, fsdp=fsdp))
+    cfg, _ = compose_config(overrides(args, size, fsdp=fsdp, offload=offload))
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = plan_figures(cfg)
@@ -292,7 +290,7 @@ def train_part(args, *, fsdp: bool, drift: bool) -> dict:
     parameters = {name: sum(p.numel() for p in agent.model.parameters()) for name, agent in module.agents.items()}
 
     def result(peaks: list) -> dict:
-        out = {"config": overrides(args, size, fsdp=fsdp), "size": asdict(size), "load_s": round(load_s, 2),
+        out = {"config": overrides(args, size, fsdp=fsdp, offload=offload), "size": asdict(size), "load_s": round(load_s, 2),
                "parameters": parameters, "steps": list(recorder.steps), "memory_gib_by_step": peaks,
                "plan_gib": plan, "drift": drifts}
         out["figures"] = figures(out, tflops=args.tflops)
@@ -316,9 +314,9 @@ def train_part(args, *, fsdp: bool, drift: bool) -> dict:
 
 def plan_figures(cfg) -> dict:
     """The memory plan's per-GPU figures for `cfg` (GiB) and what it expects each phase's peak to be: the
-    training state plus the largest generation (gathered weights + KV cache of one chunk) or update
-    (gathered weights + the larger of the activation peak and the embedding's gradient buffers); the old
-    log-probs, a forward only, are held to the update's figure (the plan has no forward-only one)."""
+    largest of that phase's figures over the agents (`memory.group_phases`: the resident state, or with
+    `trainer.offload_idle` only what the phase brings in, plus the phase's own transient: a generation chunk's
+    KV cache, one forward pass, one micro-batch's activations), without the runtime reserve."""
     from hacrl_lightning.memory import gpu_memory_bytes, plan_memory, run_architectures
 
     architectures, problems = run_architectures(cfg)
@@ -326,13 +324,14 @@ def plan_figures(cfg) -> dict:
         return {"error": "; ".join(str(p) for p in problems)}
     gpu_bytes, _ = gpu_memory_bytes(cfg)
     plan = plan_memory(cfg, architectures, gpu_bytes)
-    state = plan.state
-    generation = max(a.gathered + a.kv_cache for a in plan.agents)
-    update = max(a.gathered + max(a.peak_activations, a.gradient_buffers) for a in plan.agents)
     gib = lambda b: round(b / GIB, 3)  # noqa: E731
-    return {"state": gib(state), "total": gib(plan.total), "fits": plan.fits,
-            "phases": {"rollout": gib(state + generation), "old_logprobs": gib(state + update),
-                       "update": gib(state + update)},
+    peaks: dict[str, int] = {}
+    for _, _, rows in plan.phases():
+        for phase, size in rows:
+            key = {"rollout": "rollout", "old": "old_logprobs", "update": "update", "weight": "weight_sync"}[phase.split()[0]]
+            peaks[key] = max(peaks.get(key, 0), size)
+    return {"state": gib(plan.state), "total": gib(plan.total), "fits": plan.fits, "offload_idle": plan.offload,
+            "phases": {key: gib(size) for key, size in peaks.items() if key != "weight_sync"},
             "agents": {a.name: {"state": gib(a.state), "gathered": gib(a.gathered), "kv_cache": gib(a.kv_cache),
                                 "activations": gib(a.peak_activations)} for a in plan.agents}}
 
@@ -552,7 +551,7 @@ def markdown(report: dict) -> str:
         lines += ["", f"torch {env.get('torch')} (CUDA {env.get('cuda')}), python {env.get('python')}, "
                       + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items())
                       + f"; measured bf16 matmul {env.get('bf16_matmul_tflops')} TFLOP/s"]
-    for name in ("single", "fsdp"):
+    for name in ("single", "offload", "fsdp"):
         part = report["parts"].get(name, {})
         fig = part.get("figures")
         if not fig:
