@@ -742,12 +742,7 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.devices", tr.devices)
     c.positive("trainer.num_nodes", tr.num_nodes)
     c.choice("trainer.strategy", tr.strategy, STRATEGIES)
-    c.choice("trainer.placement", tr.placement, PLACEMENTS)
-    if tr.placement == "split":
-        from hacrl_lightning.placement import split_problems
-
-        for key, value, allowed, fix in split_problems(cfg):
-            c.bad(key, value, allowed, fix)
+    c.choice("trainer.placement", tr.placement, PLACEMENTS)  # whether a split can be made: placement.split_problems
     if tr.precision not in PRECISIONS:
         low = str(tr.precision).endswith("-true") and str(tr.precision) != "32-true"
         c.bad("trainer.precision", tr.precision, f"one of {list(PRECISIONS)} (fp32 master weights and optimizer state)",

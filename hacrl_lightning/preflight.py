@@ -114,8 +114,12 @@ def reward_code_problems(specs) -> List[Problem]:
 
 
 def pure_problems(cfg: TrainConfig) -> List[Problem]:
-    """Every problem of `cfg` that needs no file: its values (`config_problems`), then its names."""
-    return config_problems(cfg) + name_problems(cfg)
+    """Every problem of `cfg` that needs no file: its values (`config_problems`), then its names, then whether
+    its `trainer.placement=split` can be made (`placement.split_problems`)."""
+    from hacrl_lightning.placement import split_problems
+
+    split = [Problem(*problem) for problem in split_problems(cfg)] if cfg.trainer.placement == "split" else []
+    return config_problems(cfg) + name_problems(cfg) + split
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:

@@ -31,7 +31,7 @@ class SplitStrategy(ModelParallelStrategy):
     writes the rest (LR schedules among it) from rank 0 alone: under `split` optimizer 0 is another agent's on
     every group, so here the states are keyed by agent (`optimizer_<agent>`) and every agent's LR schedule is
     gathered from its group into the metadata rank 0 writes (`lr_schedulers_by_agent`); loading reads each
-    rank's own back. The module's `placement.local` names this rank's optimizers, in order."""
+    rank's own back. The module's placement (`Placement.local`) names this rank's optimizers, in order."""
 
     def _local_names(self) -> tuple[str, ...]:
         return tuple(self.lightning_module.placement.local)
