@@ -703,6 +703,11 @@ def _check_rollout(c: Checks, cfg: TrainConfig) -> None:
         c.bad("rollout.group_size", cfg.rollout.group_size, "an int >= 2 (group baselines need 2 responses)",
               "set rollout.group_size=8 (the paper) or at least 2")
     c.positive("rollout.generation_batch_size", cfg.rollout.generation_batch_size)
+    if cfg.rollout.sleep and cfg.rollout.vllm_in_process and cfg.trainer.placement != "split" and len(cfg.agents) > 1:
+        c.bad("rollout.sleep", True, "false with rollout.vllm_in_process=true and several agents on a rank (vLLM's "
+              "sleep allocator is one per process: a second engine in the process cannot sleep)",
+              "drop rollout.vllm_in_process (each engine in a process of its own), or trainer.placement=split "
+              "(one agent per rank)")
     if cfg.rollout.sleep and cfg.rollout.backend != "vllm":
         c.bad("rollout.sleep", True, "false with rollout.backend=" + str(cfg.rollout.backend) + " (sleep mode is vLLM's: "
               "the transformers engine is the training model itself)", "drop rollout.sleep, or use rollout=vllm on CUDA")

@@ -395,12 +395,13 @@ class RolloutDataModule(pl.LightningDataModule):
 
         agent, engine, score = self.agents[name], self.engines[name], self.reward_pool.score
         j = self.names.index(name)
+        rank = self._share[0]  # this rank's place among those answering for this agent
         greedy = answer_rewards(agent, engine, examples, samples=1, temperature=0.0, score=score,
-                                seed=step_seed(self.seed, step, 5 + 1000 * j + 7 * self._rank))   # [P, 1]
+                                seed=step_seed(self.seed, step, 5 + 1000 * j + 7 * rank))          # [P, 1]
         row = {"acc": float(greedy.mean()) if len(examples) else 0.0}
         if samples > 1:
             hits = answer_rewards(agent, engine, examples, samples=samples, temperature=None, score=score,
-                                  seed=step_seed(self.seed, step, 9 + 1000 * j + 7 * self._rank))
+                                  seed=step_seed(self.seed, step, 9 + 1000 * j + 7 * rank))
             row[f"avg@{samples}"] = float(avg_at_k(hits))
             row[f"pass@{samples}"] = float(pass_at_k(hits, samples))
         return row

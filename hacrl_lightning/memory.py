@@ -361,19 +361,24 @@ class MemoryPlan:
         return max(((group, phase, size) for group, _, phases in self.phases() for phase, size in phases),
                    key=lambda item: item[2], default=("", "", 0))
 
+    def _peak_members(self) -> List[AgentMemory]:
+        group = self.peak[0]
+        return next((members for members, _ in self._groups() if ", ".join(a.name for a in members) == group), [])
+
     @property
     def state(self) -> int:
-        """The training state resident on the fullest GPU all run long (0 with `offload_idle`)."""
-        return 0 if self.offload else max(sum(a.state for a in members) for members, _ in self._groups())
+        """The training state resident all run long on a GPU of the peak's group (0 with `offload_idle`)."""
+        return 0 if self.offload else sum(a.state for a in self._peak_members())
 
     @property
     def engines(self) -> int:
-        """The engines' memory on the fullest GPU while they are all awake."""
-        return max(sum(a.engine for a in members) for members, _ in self._groups())
+        """The engines' memory on a GPU of the peak's group while they are all awake."""
+        return sum(a.engine for a in self._peak_members())
 
     @property
     def transient(self) -> int:
-        """The peak above the resident state and the awake engines (the largest phase's own part)."""
+        """The peak phase's figure above `state` and, unless the engines sleep, `engines`: with every agent on
+        every GPU and nothing offloaded or asleep, state + engines + transient + reserve = total."""
         return max(0, self.peak[2] - self.state - (0 if self.sleep else self.engines))
 
     @property
@@ -476,7 +481,7 @@ def activation_peak(arch: Architecture, rows: int, tokens: int, c: int, *, check
 
 
 def _gathered(arch: Architecture, cfg: TrainConfig, world: int, c: int) -> int:
-    if world > 1:  # see AgentMemory.gathered
+    if cfg.trainer.strategy == "fsdp":  # see AgentMemory.gathered (FSDP2 gathers block by block, on 1 rank too)
         return c * (2 * arch.root_parameters + 3 * arch.block_parameters)
     return c * arch.parameters if cfg.trainer.precision == "bf16-mixed" else 0
 
@@ -525,7 +530,8 @@ def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int
         activations_checkpointed=activation_peak(arch, rows, tokens, c, checkpointed=True),
         forward_peak=logits_forward(arch, rows, tokens, c),
         checkpointing=agent.gradient_checkpointing,
-        gradient_buffers=0 if world > 1 else (2 if arch.tied_embeddings else 1) * 4 * arch.vocab * arch.hidden,
+        gradient_buffers=0 if cfg.trainer.strategy == "fsdp" else (2 if arch.tied_embeddings else 1) * 4 * arch.vocab
+        * arch.hidden,
         **_engine(name, arch, cfg, gpu_bytes, rows_local),
     )
 

@@ -189,6 +189,7 @@ class HACRLModule(pl.LightningModule):
                 shard_agent(self.references[name].model, own, precision=precision)
 
     def configure_optimizers(self):
+        self.residency.device = self.device  # Lightning has moved the agents there (offload_idle moves them back)
         optimizers, schedulers = [], []
         for name in self.local:
             agent = self.agents[name]
@@ -213,8 +214,7 @@ class HACRLModule(pl.LightningModule):
     # -- the step -------------------------------------------------------------------------------
 
     def on_train_start(self) -> None:
-        self.residency.device = self.device  # offload_idle: idle agents' state to the host from here on
-        self.residency.offload_all()
+        self.residency.offload_all()  # offload_idle: idle agents' state to the host from here on
 
     def on_train_end(self) -> None:
         self.residency.restore_all()  # exports and the summary read the weights where training left them
@@ -265,7 +265,7 @@ class HACRLModule(pl.LightningModule):
         self.steps_done += 1
         self._phase("logging")
         metrics.update(self._rollout_metrics(data, step_accuracy(data.rewards), omega))
-        metrics.update(self._clip_metrics(lowers, plans))
+        metrics.update(self._clip_metrics(lowers, mini_batches))
         metrics.update(mismatch)
         metrics.update({"time/rollout": data.timings["rollout"], "time/reward": data.timings["reward"],
                         "time/exchange": data.timings["exchange"], "time/old_logprobs": old_s,
@@ -318,9 +318,10 @@ class HACRLModule(pl.LightningModule):
                                 self.trainer.default_root_dir) from err
 
     @staticmethod
-    def _clip_metrics(lowers: tuple[float, ...], plans: dict[str, StepPlan]) -> dict[str, float]:
-        """The first and the last cross lower bound a mini-batch of this step trained with."""
-        used = max((len(plan) for plan in plans.values()), default=0)
+    def _clip_metrics(lowers: tuple[float, ...], mini_batches: dict[str, int]) -> dict[str, float]:
+        """The first and the last cross lower bound a mini-batch of this step trained with (`mini_batches`:
+        every learner's count, from every group under `split`)."""
+        used = max(mini_batches.values(), default=0)
         return {"clip/cross_lower_first": lowers[0], "clip/cross_lower_last": lowers[used - 1]} if used else {}
 
     def _record(self, step: int, metrics: dict[str, float]) -> None:
@@ -357,8 +358,8 @@ class HACRLModule(pl.LightningModule):
         import torch.distributed as dist
 
         first = [name for name in self.local if self.placement.rank_in(name) == 0]
-        mine = {"metrics": {key: value for key, value in metrics.items() if key.split("/", 1)[0] in first
-                            or key.rsplit("/", 1)[-1] in first},
+        mine = {"metrics": {key: value for key, value in metrics.items()
+                            if any(key.startswith(f"{name}/") or key == f"time/diagnostics/{name}" for name in first)},
                 "counters": {name: self.counters[name] for name in first},
                 "streak": {name: self.fault_streak[name] for name in first}}
         shares: list = [None] * self.placement.world

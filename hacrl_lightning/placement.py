@@ -66,6 +66,12 @@ def split_problems(cfg) -> list[tuple[str, Any, str, str]]:
         problems.append(("data.prompts_per_step", prompts, f"a multiple of every group's size ({name}: {size} ranks): "
                          "a group divides all the step's prompts over its ranks",
                          f"set data.prompts_per_step to a multiple of {size}, or agents.{name}.ranks to a divisor of it"))
+    elif cfg.rollout.backend == "hf" and len(set(sizes.values())) > 1:
+        name = max(sizes, key=sizes.get)
+        problems.append((f"agents.{name}.ranks", sizes[name], f"groups of one size with rollout=hf ({sizes}): "
+                         "transformers' generation under FSDP2 waits for every rank of the world at each token, so "
+                         "every rank must answer as many prompts", f"set every agents.<key>.ranks={world // len(names)}"
+                         if world % len(names) == 0 else "use rollout=vllm, or as many ranks per agent"))
     return problems
 
 
@@ -75,11 +81,14 @@ def group_sizes(cfg, weights: Optional[Mapping[str, float]] = None) -> dict[str,
     each, every size a divisor of `data.prompts_per_step` (a group divides all the step's prompts over its
     ranks): of the sizes that sum to the ranks left, the ones closest to the proportional shares (least squares;
     the proportional rounding itself where it divides). Without any such sizes, the proportional rounding, which
-    `split_problems` then refuses naming `data.prompts_per_step`."""
+    `split_problems` then refuses naming `data.prompts_per_step`. With `rollout=hf` the weights are left out:
+    every group must be as large as the others there (`split_problems`)."""
     names = list(cfg.agents)
     sizes = {name: cfg.agents[name].ranks for name in names if cfg.agents[name].ranks > 0}
     free = [name for name in names if name not in sizes]
     left = _world(cfg) - sum(sizes.values())
+    if cfg.rollout.backend == "hf":  # one size for every group where it can be (`split_problems`)
+        weights = None
     if free:
         weight = {name: float((weights or {}).get(name, 1.0)) for name in free}
         total = sum(weight.values()) or 1.0
@@ -176,7 +185,7 @@ class Placement:
 
     def connect(self) -> None:
         """Create each group's process group (split only; a collective: every rank, in the same order). Idempotent."""
-        if not self.is_split or self._process_groups or self.world == 1:
+        if not self.is_split or self._process_groups:
             return
         import torch.distributed as dist
 

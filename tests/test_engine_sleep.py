@@ -43,8 +43,7 @@ class FakeSleepingLLM:
 def fake_engine(tmp_path: Path, *, sleeps: bool) -> VLLMEngine:
     engine = VLLMEngine.__new__(VLLMEngine)
     engine.model_dir, engine.eos_token_ids, engine.dtype = tmp_path, (2,), torch.float32
-    engine.in_process, engine.platform, engine.sleeps, engine.asleep = False, "cuda", sleeps, False
-    engine.cache_asleep = False
+    engine.in_process, engine.platform, engine.sleeps, engine.state = False, "cuda", sleeps, "awake"
     engine._vllm = SimpleNamespace(SamplingParams=lambda **kwargs: kwargs)
     engine.llm = FakeSleepingLLM()
     (tmp_path / "config.json").write_text("{}")
@@ -68,11 +67,25 @@ def test_a_sleeping_engine_wakes_weights_then_syncs_and_wakes_its_cache_when_it_
     engine.llm.calls.clear()
     engine.sync_weights(model)
     assert engine.llm.calls == [("wake_up", ("weights",)), ("rpc", "reload_weights"), ("reset_prefix_cache",)]
-    assert not engine.asleep and (tmp_path / "model.safetensors").is_file()
+    assert engine.state == "weights" and (tmp_path / "model.safetensors").is_file()
     engine.llm.calls.clear()
     engine.generate([[1, 2]], sampling())  # its turn: the KV cache only now
     engine.generate([[1, 2]], sampling())  # (an evaluation after the rollout: awake already)
     assert engine.llm.calls == [("wake_up", ("kv_cache",)), ("generate", 1), ("generate", 1)]
+
+
+def test_a_parked_engine_wakes_its_weights_from_host_memory_for_the_first_rollout(tmp_path):
+    """Built engines park at level 1 (the next one's build and the trainer find the GPU free); the first
+    rollout, before any sync, wakes the weights kept in host memory, then the KV cache."""
+    engine = fake_engine(tmp_path, sleeps=True)
+    engine.park()
+    engine.generate([[1, 2]], sampling())
+    assert engine.llm.calls == [("sleep", 1), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",)), ("generate", 1)]
+    engine.llm.calls.clear()
+    engine.park()
+    engine.sync_weights(torch.nn.Linear(2, 2))  # a sync first (an engine parked again): weights woken, then filled
+    assert engine.llm.calls == [("sleep", 1), ("wake_up", ("weights",)), ("rpc", "reload_weights"),
+                                ("reset_prefix_cache",)]
 
 
 def test_without_sleep_rest_does_nothing(tmp_path):

@@ -15,7 +15,8 @@ from hacrl_lightning.resume import resume_changes
 
 
 def cfg_of(*overrides: str):
-    cfg, _ = compose_config(["trainer=fsdp", "trainer.accelerator=cpu", *overrides])
+    """A split-capable config; vLLM rollouts, where groups may differ in size (with `rollout=hf` they may not)."""
+    cfg, _ = compose_config(["trainer=fsdp", "trainer.accelerator=cpu", "rollout.backend=vllm", *overrides])
     return cfg
 
 
@@ -40,6 +41,21 @@ def test_sizes_divide_the_steps_prompts_nearest_the_proportional_shares():
     assert group_sizes(four, {"tiny_a": 8.0, "tiny_b": 8.0, "tiny_c": 4.0, "tiny_d": 4.0}) == \
         {"tiny_a": 4, "tiny_b": 4, "tiny_c": 4, "tiny_d": 4}
     assert split_problems(four) == []
+
+
+def test_with_transformers_rollouts_every_group_has_one_size():
+    """transformers' generation under FSDP2 synchronises every rank of the world at each token
+    (`synced_gpus`): groups answering different numbers of prompts per rank would hang."""
+    cfg = cfg_of("agents=[tiny_a,tiny_b]", "trainer.devices=4", "data.prompts_per_step=8", "rollout.backend=hf")
+    assert group_sizes(cfg, {"tiny_a": 3.0, "tiny_b": 1.0}) == {"tiny_a": 2, "tiny_b": 2}  # the weights left out
+    cfg.agents["tiny_a"].ranks, cfg.agents["tiny_b"].ranks = 3, 1
+    cfg.trainer.placement = "split"
+    cfg.data.prompts_per_step = 12
+    (problem,) = split_problems(cfg)
+    assert problem[0] == "agents.tiny_a.ranks" and "groups of one size with rollout=hf" in problem[2]
+    assert problem[3] == "set every agents.<key>.ranks=2"
+    cfg.rollout.backend = "vllm"
+    assert split_problems(cfg) == []
 
 
 def test_groups_are_contiguous_in_agent_order_and_each_rank_holds_one_agent():

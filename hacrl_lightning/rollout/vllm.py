@@ -14,11 +14,14 @@ reload *is* the push, so nothing reloads after a push, TRL#5312). With `in_proce
 the trainer's process and `reload_weights` gets the tensors themselves; `_engine_environment` keeps
 vLLM from leaving the trainer single-threaded.
 
-Sleep (`rollout.sleep`, CUDA only: vLLM's CPU build has no sleep mode, and the preflight says so): once an
-engine has generated it sleeps at level 2 (weights and KV cache released: the weights are re-sent every step
-anyway), so the trainer has the GPU for old log-probs and updates; it wakes in stages: the weight sync wakes
-its weights' memory and fills it, and its next rollout wakes its KV cache just before it generates, so while
-one agent's engine generates the others hold at most their weights (docs/PERFORMANCE.md, the phase plan).
+Sleep (`rollout.sleep`, CUDA only: vLLM's CPU build has no sleep mode, and the preflight says so): an engine
+is built and at once parked (level 1: its weights copied to host memory, its KV cache released), so the next
+engine built finds the GPU free and the first rollout wakes one engine at a time; once an engine has generated
+it sleeps at level 2 (weights and KV cache released: the weights are re-sent every step anyway), so the
+trainer has the GPU for old log-probs and updates; it wakes in stages: the weight sync wakes its weights'
+memory and fills it, and its next rollout wakes its KV cache just before it generates, so while one agent's
+engine generates the others hold at most their weights (docs/PERFORMANCE.md, the phase plan). vLLM's sleep
+allocator is one per process: several engines in one process (`rollout.vllm_in_process`) cannot sleep.
 """
 
 from __future__ import annotations
@@ -222,10 +225,9 @@ class VLLMEngine:
         self._vllm = vllm
         self.sleeps = sleep
         """Sleep between rollouts (`rollout.sleep`)."""
-        self.asleep = False
-        """Level-2 sleep: neither weights nor KV cache (until the next sync)."""
-        self.cache_asleep = False
-        """Weights woken and synced, KV cache still released (until the next generation)."""
+        self.state = "awake"
+        """`awake`; `parked` (level 1: weights in host memory, no KV cache; after the build); `asleep` (level 2:
+        neither, until the next sync); `weights` (woken and synced, the KV cache still released)."""
         with _engine_environment(in_process=in_process):
             self.llm = vllm.LLM(
                 model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
@@ -233,13 +235,23 @@ class VLLMEngine:
                 generation_config="vllm", skip_tokenizer_init=True, **memory,
                 **(dict(enable_sleep_mode=True) if sleep else {}),
             )
+        if sleep:
+            self.park()
+
+    def park(self) -> None:
+        """Level-1 sleep right after the build: the weights kept in host memory (the first rollout needs them:
+        no sync comes before it), the GPU free for the next engine's build and for the trainer."""
+        self.llm.sleep(level=1)
+        self.state = "parked"
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
-        if self.asleep:  # level 2 released the weights: only a sync brings them back
+        if self.state == "asleep":  # level 2 released the weights: only a sync brings them back
             raise RuntimeError("the engine sleeps (rollout.sleep) and holds no weights: sync_weights wakes it")
-        if self.cache_asleep:
+        if self.state == "parked":
+            self.llm.wake_up(tags=["weights"])  # back from host memory
+        if self.state in ("parked", "weights"):
             self.llm.wake_up(tags=["kv_cache"])
-            self.cache_asleep = False
+            self.state = "awake"
         params = self._vllm.SamplingParams(**sampling_params_kwargs(sampling, self.eos_token_ids))
         prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -247,16 +259,16 @@ class VLLMEngine:
 
     def rest(self) -> None:
         """After a training rollout: sleep at level 2 until the next weight sync (`rollout.sleep`; else nothing)."""
-        if self.sleeps and not self.asleep:
+        if self.sleeps and self.state == "awake":
             self.llm.sleep(level=2)
-            self.asleep = True
+            self.state = "asleep"
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Push `model`'s weights (a sleeping engine: its weights' memory woken first; its KV cache at its next
         generation)."""
-        if self.asleep:
+        if self.state in ("asleep", "parked"):
             self.llm.wake_up(tags=["weights"])
-            self.asleep, self.cache_asleep = False, True
+            self.state = "weights"
         self._push(model)
 
     def _push(self, model: torch.nn.Module) -> None:
