@@ -9,6 +9,8 @@
         tests/dist_equivalence.py replay-split OUT ZOO_CACHE [CASE ...]  # trainer.placement=split, an agent a rank
     python -m torch.distributed.run --standalone --nproc_per_node=4 \\
         tests/dist_equivalence.py replay-split4 OUT ZOO_CACHE [CASE ...] # split, two ranks (FSDP2) per agent
+    python -m torch.distributed.run --standalone --nproc_per_node=3 \\
+        tests/dist_equivalence.py replay-split3 OUT ZOO_CACHE [CASE ...] # split, groups of 2 and 1 ranks
 
 `record` trains each case for one step on one process and saves what the test compares (final
 weights, optimizer updates, the m of every mini-batch, the capability window, the step's metrics)
@@ -56,7 +58,22 @@ environment Lightning reads on a cluster without a scheduler (MASTER_ADDR, MASTE
 NODE_RANK; tests/test_two_nodes.py)."""
 SPLIT = ["trainer.strategy=fsdp", "trainer.accelerator=cpu", "trainer.placement=split"]
 LAYOUTS = {"record": [], "replay": TWO_RANKS, "replay-nodes": TWO_NODES, "replay-split": [*SPLIT, "trainer.devices=2"],
-           "replay-split4": [*SPLIT, "trainer.devices=4"]}
+           "replay-split4": [*SPLIT, "trainer.devices=4"],
+           "replay-split3": [*SPLIT, "trainer.devices=3", "agents.tiny_a.ranks=2", "agents.tiny_b.ranks=1",
+                             "rollout.backend=vllm"]}
+"""`replay-split3`: groups of different sizes, which `rollout=hf` refuses (its generation waits for every rank
+of the world at each token); the config says vLLM so that they may differ, and `transformers_engines` builds
+the transformers engine all the same (there is no vLLM in this lane): generation is replayed, the engines only
+answer the held-out evaluation, every rank as many prompts."""
+
+
+def transformers_engines() -> None:
+    """Build the transformers engine whatever the config's backend (`replay-split3`)."""
+    import hacrl_lightning.datamodule as datamodule_mod
+
+    real = datamodule_mod.make_engine
+    datamodule_mod.make_engine = lambda backend, model, **options: real(
+        "hf", model, **{k: v for k, v in options.items() if k in ("eos_token_ids", "pad_token_id", "batch_size")})
 
 
 class Record(Callback):
@@ -163,6 +180,8 @@ def main() -> None:
     rank = int(os.environ.get("RANK", os.environ.get("NODE_RANK", "0")))
     store = torch.load(out / "generations.pt", weights_only=False) if mode != "record" else {}
     use_generations(mode, store)
+    if mode == "replay-split3":
+        transformers_engines()
     spy = spy_on_m()
     local = spy_on_local_accuracy()
     results = {}

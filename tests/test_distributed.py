@@ -111,7 +111,8 @@ def split_runs(recorded, zoo_cache):
     """The same cases under `trainer.placement=split`: 2 agents on 2 ranks (one each), and on 4 ranks (two
     each, FSDP2 over each group's own mesh)."""
     return {"two_ranks": merged(replay(recorded, zoo_cache, "replay-split", 2)),
-            "four_ranks": merged(replay(recorded, zoo_cache, "replay-split4", 4))}
+            "four_ranks": merged(replay(recorded, zoo_cache, "replay-split4", 4)),
+            "unequal": merged(replay(recorded, zoo_cache, "replay-split3", 3))}
 
 
 def updates_m(calls: list[int]) -> list[int]:
@@ -147,11 +148,12 @@ def test_two_ranks_make_the_one_rank_update(runs, case, updates):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["two_ranks", "four_ranks"])
+@pytest.mark.parametrize("layout", ["two_ranks", "four_ranks", "unequal"])
 @pytest.mark.parametrize("case, updates", [("hacpo", 4), ("gspo_x2", 4), ("grpo", 2)])
 def test_split_placement_makes_the_one_rank_update(runs, split_runs, layout, case, updates):
     """Each agent trained on its own group of ranks makes the update of the 1-process run: the rewards, the
-    capability window and omega (the logged rates) are the global ones, and so are its gradients."""
+    capability window and omega (the logged rates) are the global ones, and so are its gradients. `unequal`:
+    tiny_a on 2 ranks, tiny_b on 1 (each group answers all prompts, in halves or whole)."""
     split = split_runs[layout][case]
     assert_same_update(runs[0][case], split, case, updates)
     assert_rates_equal(runs[0][case]["metrics"], split["metrics"])
@@ -167,6 +169,7 @@ def test_under_split_each_rank_holds_only_its_own_agent(split_runs):
     for case in ("hacpo", "gspo_x2", "grpo"):
         assert split_runs["two_ranks"][case]["held"] == [["tiny_a"], ["tiny_b"]]
         assert split_runs["four_ranks"][case]["held"] == [["tiny_a"], ["tiny_a"], ["tiny_b"], ["tiny_b"]]
+        assert split_runs["unequal"][case]["held"] == [["tiny_a"], ["tiny_a"], ["tiny_b"]]
 
 
 @pytest.mark.parametrize("case", ["hacpo", "gspo_x2", "grpo"])
