@@ -464,7 +464,9 @@ class TrainerConfig:
     diagnostics_every: int = setting(10, harmless=True)
     """Measure how much of each learner's update comes from partners' responses (`{agent}/diag/cross_grad_share`)
     on every this many steps (the 10th, 20th, ...; 0: never). It costs about one more forward and backward
-    pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics)."""
+    pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics).
+    Algorithms whose learners train on their own responses only (grpo, gspo, gspo_x2) have nothing to measure:
+    it does not run for them."""
     placement: str = setting("shared", implied="shared")
     """Where the agents live (docs/training.md#placement): `shared`, every rank holds every agent (each FSDP2-
     sharded over all ranks); `split`, the ranks are divided into one group per agent (`agents.<key>.ranks`)

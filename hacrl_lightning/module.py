@@ -244,7 +244,8 @@ class HACRLModule(pl.LightningModule):
         self._phase("update")
         start = time.perf_counter()
         every = self.settings.diagnostics_every
-        grad_share = every > 0 and (step + 1) % every == 0  # the every-th step, counting from 1
+        # the every-th step, counting from 1; only where learners train on partners' rows (else it measures 0)
+        grad_share = every > 0 and (step + 1) % every == 0 and self.alg.share_rollouts
         metrics: dict[str, float] = {}
         for name in self.local:
             k = self.names.index(name)

@@ -157,12 +157,14 @@ def test_grad_share_leaves_the_update_unchanged_and_lies_in_0_1(tmp_path, zoo_ca
                 {"first": omega[0], "last": omega[-1], "mean": sum(omega) / len(omega)})
 
 
-def test_grad_share_is_zero_without_partners_responses(tmp_path, zoo_cache):
+def test_grad_share_is_not_measured_without_partners_responses(tmp_path, zoo_cache):
+    """gspo_x2's learners train on their own responses only: the diagnostic pass (about 5 % of a step) would
+    measure a share of 0 every time, so it does not run (issue 36)."""
     summary, module = run(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "algorithm=gspo_x2",
-                          "trainer.diagnostics_every=2")
+                          "trainer.diagnostics_every=1")
+    assert "time/diagnostics" not in module.last_metrics
     for name in module.names:
-        assert [v for _, v in module.diagnostics[f"{name}/diag/cross_grad_share"]] == [0.0]  # step 1 only
-        assert [v for _, v in module.diagnostics[f"{name}/diag/grad_norm_cross"]] == [0.0]
+        assert not any("/diag/grad" in key or "cross_grad_share" in key for key in module.diagnostics)
         diag = summary["agents"][name]["diagnostics"]
-        assert diag["cross_grad_share"] == 0.0 and diag["cross_nograd_frac_correct"] is None
+        assert diag["cross_grad_share"] is None and diag["cross_nograd_frac_correct"] is None
         assert diag["omega"] == {}
