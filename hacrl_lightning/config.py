@@ -183,9 +183,11 @@ class AgentConfig:
     top_k: int = 0
     """0 means no top-k filtering."""
     # vLLM engine
-    gpu_memory_utilization: float = setting(0.3, harmless=True)
+    gpu_memory_utilization: Optional[float] = setting(None, harmless=True, unhashed=True, implied=0.3)
     """vLLM backend: this agent's engine's share of the GPU's memory (vLLM's own setting); on vLLM's CPU
-    build, the share of the machine's memory its KV cache takes."""
+    build, the share of the machine's memory its KV cache takes. null: 0.3 on a GPU; on vLLM's CPU build, an
+    equal part of the quarter of the machine's memory that the engines on it share (each rank's engines
+    counted), said at start (`rollout.engine_shares`)."""
     gradient_checkpointing: bool = setting(False, harmless=True)
     """Recompute activations in the backward pass (less memory, about a third more compute); the
     update is the same."""
@@ -631,7 +633,7 @@ def _check_agents(c: Checks, cfg: TrainConfig) -> None:
         if not 0.0 < agent.top_p <= 1.0:
             c.bad(f"{prefix}.top_p", agent.top_p, "(0, 1]", f"set {prefix}.top_p=1.0 to disable nucleus sampling")
         c.positive(f"{prefix}.top_k", agent.top_k, strict=False)
-        if not 0.0 < agent.gpu_memory_utilization < 1.0:
+        if agent.gpu_memory_utilization is not None and not 0.0 < agent.gpu_memory_utilization < 1.0:
             c.bad(f"{prefix}.gpu_memory_utilization", agent.gpu_memory_utilization, "(0, 1)", "give each agent a share of the GPU")
 
 

@@ -153,6 +153,9 @@ class RolloutDataModule(pl.LightningDataModule):
         self.reward_pool = RewardPool(self.reward, workers=data.reward_workers,
                                       timeout_s=data.reward_timeout_s)  # workers start on first use
         self.engines: dict[str, RolloutEngine] = {}
+        self.engine_shares: dict[str, float] | None = None
+        """Each agent's vLLM memory share as this machine's engines divide it (`training.run_engine_shares`;
+        None: each agent's own setting)."""
         self.train_set: PromptDataset | None = None
         self.eval_set: PromptDataset | None = None
         self.overlong: dict[str, dict[str, int]] | None = None
@@ -181,6 +184,7 @@ class RolloutDataModule(pl.LightningDataModule):
                 options = engine_options(agent, backend, batch_size=self.rollout_cfg.generation_batch_size,
                                          seed=self.seed, export_to=self.engine_dir / name,
                                          in_process=self.rollout_cfg.vllm_in_process, sleep=self.rollout_cfg.sleep,
+                                         gpu_memory_utilization=(self.engine_shares or {}).get(name),
                                          writes=self.placement.rank_in(name) == 0 if split else None)
                 if "model_dir" in options and self._world > 1:
                     options["model_dir"] = _own_copy(options["model_dir"], self._rank,

@@ -38,6 +38,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ARCH_DIRS = (Path(__file__).resolve().parent / "configs" / "agents" / "arch",   # a wheel install
              Path(__file__).resolve().parents[1] / "agents" / "arch")           # a checkout
 """Where hub presets' architectures ship: `<dir>/<hub id>.json` (config.json's numbers)."""
+DEFAULT_SHARE = 0.3
+"""An engine's share of the GPU where `agents.<key>.gpu_memory_utilization` is null (`rollout.DEFAULT_SHARE`,
+which imports torch: the plan does not)."""
 RUNTIME_RESERVE = 2 * GIB
 """Assumed per GPU for the CUDA context, NCCL buffers and allocator fragmentation (not measured here)."""
 LOGPROB_ROWS = 8
@@ -497,7 +500,7 @@ def _engine(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int, row
         return dict(engine_weights=0, engine_reserve=0, kv_cache=kv, kv_sequences=chunk, engine=0)
     weights = arch.parameters * DTYPE_BYTES[agent.dtype]
     reserve = 2 * VLLM_BATCHED_TOKENS * (2 * arch.intermediate + 4 * arch.hidden) + 4 * VLLM_MAX_SEQS * arch.vocab
-    share = int(agent.gpu_memory_utilization * gpu_bytes)
+    share = int((DEFAULT_SHARE if agent.gpu_memory_utilization is None else agent.gpu_memory_utilization) * gpu_bytes)
     kv = max(0, share - weights - reserve)
     sequences = kv_tokens(arch, kv, DTYPE_BYTES[agent.dtype]) // seq
     return dict(engine_weights=weights, engine_reserve=reserve, kv_cache=kv, kv_sequences=int(sequences), engine=share)
@@ -584,6 +587,8 @@ def _engine_memory(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
             cfg.rollout.generation_batch_size //= 2
         return [f"rollout.generation_batch_size={cfg.rollout.generation_batch_size}"] \
             if cfg.rollout.generation_batch_size != size else None
+    for agent in cfg.agents.values():  # unset: the GPU default, lowered from there
+        agent.gpu_memory_utilization = DEFAULT_SHARE if agent.gpu_memory_utilization is None else agent.gpu_memory_utilization
     before = {name: agent.gpu_memory_utilization for name, agent in cfg.agents.items()}
     while not plan_of(cfg).fits:
         lowered = False

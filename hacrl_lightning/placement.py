@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["Placement", "group_sizes", "split_problems"]
+__all__ = ["Placement", "group_sizes", "host_engines", "split_problems"]
 
 
 def _world(cfg) -> int:
@@ -116,6 +116,17 @@ def _closest_divisors(free: list[str], share: Mapping[str, float], left: int, pr
     if (0, left) not in best:
         return rounded
     return dict(zip(free, best[(0, left)][1]))
+
+
+def host_engines(cfg, rank: int, weights: Optional[Mapping[str, float]] = None) -> dict[str, int]:
+    """How many engines of each agent run on the machine of global rank `rank` (`trainer.devices` ranks a node):
+    every rank of the node holds one of every agent's under `shared`, one of its own agent's under `split`."""
+    per_node = cfg.trainer.devices if cfg.trainer.strategy == "fsdp" else 1
+    node = set(range(rank // per_node * per_node, (rank // per_node + 1) * per_node))
+    if cfg.trainer.placement != "split" or cfg.trainer.strategy != "fsdp":
+        return {name: per_node for name in cfg.agents}
+    placement = Placement.split(group_sizes(cfg, weights), rank=rank, world=_world(cfg))
+    return {name: len(node & set(ranks)) for name, ranks in placement.groups.items()}
 
 
 @dataclass

@@ -258,6 +258,24 @@ def device_problems(cfg: TrainConfig) -> List[Problem]:
         problems += [missing] if missing else []
         if cfg.rollout.sleep and not missing:
             problems += [p for p in [sleep_problem()] if p]
+        if not missing:
+            problems += [Problem(*p) for p in engine_share_problems(cfg)]
+    return problems
+
+
+def engine_share_problems(cfg: TrainConfig) -> list[tuple]:
+    """The vLLM engines' memory shares on this machine (`rollout.engine_shares`: summed over its ranks and agents
+    on vLLM's CPU build) that cannot fit, before any engine starts."""
+    import psutil
+
+    from hacrl_lightning.placement import host_engines
+    from hacrl_lightning.rollout import engine_shares
+    from hacrl_lightning.rollout.vllm import vllm_platform
+
+    memory = psutil.virtual_memory()
+    _, problems, _ = engine_shares({name: agent.gpu_memory_utilization for name, agent in cfg.agents.items()},
+                                   host_engines(cfg, 0), total_bytes=memory.total, available_bytes=memory.available,
+                                   platform=vllm_platform() or "cuda")
     return problems
 
 

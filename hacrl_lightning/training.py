@@ -77,6 +77,33 @@ def run_placement(cfg: TrainConfig) -> Placement:
     return Placement.of(cfg, rank=launch_rank(cfg.trainer.devices), weights=weights)
 
 
+def run_engine_shares(cfg: TrainConfig, placement: Placement) -> dict[str, float] | None:
+    """Each agent's vLLM engine memory share (`rollout.engine_shares`: on vLLM's CPU build summed over this
+    machine's engines, those left unset scaled to fit, said once), None for the transformers backend. Shares
+    that cannot fit raise `ConfigError` (the preflight refuses them before; the machine may have filled since)."""
+    if cfg.rollout.backend != "vllm":
+        return None
+    import psutil
+
+    from hacrl_lightning.errors import Problem
+    from hacrl_lightning.rollout import engine_shares
+    from hacrl_lightning.rollout.vllm import vllm_platform
+
+    node = placement.rank // (cfg.trainer.devices if cfg.trainer.strategy == "fsdp" else 1)
+    per_node = cfg.trainer.devices if cfg.trainer.strategy == "fsdp" else 1
+    here = set(range(node * per_node, (node + 1) * per_node)) if placement.world > 1 else {placement.rank}
+    engines = {name: max(1, len(here & set(ranks))) for name, ranks in placement.groups.items()}
+    memory = psutil.virtual_memory()
+    shares, problems, line = engine_shares({name: agent.gpu_memory_utilization for name, agent in cfg.agents.items()},
+                                           engines, total_bytes=memory.total, available_bytes=memory.available,
+                                           platform=vllm_platform() or "cuda")
+    if problems:
+        raise ConfigError([Problem(*p) for p in problems])
+    if line and placement.rank == 0:
+        print(line, flush=True)
+    return shares
+
+
 def update_settings(cfg: TrainConfig) -> UpdateSettings:
     """The update loop's sizes and limits from the run config."""
     mini_batch_size = (cfg.trainer.mini_batch_prompts // cfg.algorithm.rollout_multiplier) * cfg.responses_per_prompt
@@ -118,6 +145,7 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
     residency = Residency(enabled=cfg.trainer.offload_idle)
     datamodule = make_datamodule(cfg, agents, task, datamodule_class=datamodule_class, placement=placement,
                                  residency=residency)
+    datamodule.engine_shares = run_engine_shares(cfg, placement)
     module = HACRLModule(agents, algorithm=cfg.algorithm, update=settings, placement=placement, residency=residency)
     roles = {"timer": StepTimer(started=started),
              "evaluation": HeldOutEvalCallback(datamodule, every=cfg.trainer.eval_every,

@@ -209,15 +209,16 @@ def test_paper_smoke_with_vllm_engines_on_each_of_two_ranks(tmp_path, zoo_cache)
     """`experiment=paper_smoke rollout=vllm`: 2 gloo ranks under FSDP2, bf16 compute and bf16 engines (one per agent
     and rank, each in its own process), the real Qwen3 and Llama 3.2 tokenizers, math-verify. One step
     completes with the update count of the `rollout=hf` run (tests/test_paper_smoke.py: n·P/mini = 4 per step
-    with its SMALLER settings), and the mismatch of bf16 engines with the bf16 trainer is measured."""
+    with its SMALLER settings), and the mismatch of bf16 engines with the bf16 trainer is measured. No memory
+    share is set by hand: the four engines on this machine divide a quarter of its memory (issue 36; at 0.3
+    each they asked for 1.2 of it and the fourth died)."""
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "scripts/train.py", "experiment=paper_smoke", "rollout=vllm",
                            "data.prompts_per_step=2", "trainer.mini_batch_prompts=1", "trainer.steps=1",
-                           f"run_dir={run}", f"zoo_cache={zoo_cache}",
-                           "agents.tiny_qwen3.gpu_memory_utilization=0.01",
-                           "agents.tiny_llama32.gpu_memory_utilization=0.01"],
+                           f"run_dir={run}", f"zoo_cache={zoo_cache}"],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    assert "vLLM (CPU): 4 engine(s) on this machine without a memory share" in done.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 1
     for name, row in summary["agents"].items():
