@@ -148,7 +148,7 @@ def test_vllm_engine_options_export_the_agent_with_its_memory_share(load_zoo_age
         eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id, batch_size=8)
     options = engine_options(agent, "vllm", batch_size=8, seed=3, export_to=tmp_path / "tiny_a")
     assert options["model_dir"] == tmp_path / "tiny_a" and (tmp_path / "tiny_a" / "config.json").is_file()
-    assert options["gpu_memory_utilization"] == agent.cfg.gpu_memory_utilization
+    assert agent.cfg.gpu_memory_utilization is None and options["gpu_memory_utilization"] == 0.3  # unset: the default
     assert options["max_model_len"] == agent.max_prompt_len + agent.max_response_len and options["seed"] == 3
     assert engine_options(agent, "vllm", batch_size=8, gpu_memory_utilization=0.4,
                           export_to=tmp_path / "b")["gpu_memory_utilization"] == 0.4
