@@ -356,9 +356,10 @@ class RolloutConfig:
     generation_batch_size: int = 64
     """Sequences generated at once by the HF backend (bounds memory)."""
     sleep: bool = setting(False, harmless=True, unhashed=True, implied=False)
-    """vLLM backend: put each engine to sleep (level 2: weights and KV cache released) once it has generated,
-    and wake it in stages before its next rollout (weights, the weight sync, then the KV cache), so the GPU
-    holds it only while it generates. Needs a platform with vLLM's sleep mode (CUDA); refused elsewhere."""
+    """vLLM backend: each engine parks (level 1) once built and sleeps (level 2: weights and KV cache released)
+    once it has generated; the weight sync wakes its weights and fills them, its next generation its KV cache,
+    so the trainer has the GPU while it scores and updates. Needs a platform with vLLM's sleep mode (CUDA) and
+    one engine per process; refused elsewhere (docs/training.md#placement)."""
     vllm_in_process: bool = False
     """vLLM backend: each engine's worker in the trainer's process (weights pushed as tensors) rather than
     in a process of its own (weights pushed through its model directory; the default: vLLM then cannot
@@ -476,7 +477,8 @@ class TrainerConfig:
     cross between groups. Needs `trainer.strategy=fsdp` and at least one rank per agent."""
     offload_idle: bool = setting(False, harmless=True, unhashed=True, implied=False)
     """Keep each agent's training state (weights, gradients, AdamW moments, KL reference) in host memory except
-    while that agent scores old log-probs or updates (docs/training.md#placement); the update is the same."""
+    in that agent's phases: its old log-probs and update, and its weights for a transformers rollout or
+    evaluation and a vLLM sync (docs/training.md#placement); the update is the same."""
     gpu_memory_gib: float = setting(80.0, harmless=True)
     """GiB (2^30 bytes) of one GPU for the memory plan (`scripts/plan.py`, and train.py's preflight on a
     GPU; docs/PERFORMANCE.md#the-memory-plan): the H100's 80 by default. Where CUDA is present the
