@@ -187,7 +187,7 @@ class AgentConfig:
     """vLLM backend: this agent's engine's share of the GPU's memory (vLLM's own setting); on vLLM's CPU
     build, the share of the machine's memory its KV cache takes. null: 0.3 on a GPU; on vLLM's CPU build, an
     equal part of the quarter of the machine's memory that the engines on it share (each rank's engines
-    counted), said at start (`rollout.engine_shares`)."""
+    counted), said at start (`placement.engine_shares`)."""
     gradient_checkpointing: bool = setting(False, harmless=True)
     """Recompute activations in the backward pass (less memory, about a third more compute); the
     update is the same."""

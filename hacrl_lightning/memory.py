@@ -32,15 +32,13 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from hacrl_lightning.config import TrainConfig
 from hacrl_lightning.errors import Problem
+from hacrl_lightning.placement import DEFAULT_SHARE
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ARCH_DIRS = (Path(__file__).resolve().parent / "configs" / "agents" / "arch",   # a wheel install
              Path(__file__).resolve().parents[1] / "agents" / "arch")           # a checkout
 """Where hub presets' architectures ship: `<dir>/<hub id>.json` (config.json's numbers)."""
-DEFAULT_SHARE = 0.3
-"""An engine's share of the GPU where `agents.<key>.gpu_memory_utilization` is null (`rollout.DEFAULT_SHARE`,
-which imports torch: the plan does not)."""
 RUNTIME_RESERVE = 2 * GIB
 """Assumed per GPU for the CUDA context, NCCL buffers and allocator fragmentation (not measured here)."""
 LOGPROB_ROWS = 8

@@ -9,9 +9,10 @@ step (the prompts divided over the group's ranks); what crosses between groups a
 small per-row tables, never weights (docs/training.md#placement).
 
 `Placement` answers, for this rank: the agents it holds (`local`), an agent's group, this rank's place in
-it (`rank_in(name)`, `size_of(name)`) and its process group. `connect()` creates the groups' process
-groups (a collective: every rank calls it once the world exists). `split_problems` and `group_sizes`
-are the checks and the choice of sizes, made before anything loads.
+it (`rank_in(name)`, `size_of(name)`), its process group, and the engines on its machine
+(`engines_on_node`). `connect()` creates the groups' process groups (a collective: every rank calls it once
+the world exists). `split_problems` and `group_sizes` are the checks and the choice of sizes, and
+`engine_shares` the vLLM engines' memory shares summed over a machine, all made before anything loads.
 Deliberately not here: moving memory (`offload.py`), sharding (`strategies.py`) and the step itself.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["Placement", "group_sizes", "host_engines", "split_problems"]
+__all__ = ["CPU_ENGINES_SHARE", "DEFAULT_SHARE", "Placement", "engine_shares", "group_sizes", "split_problems"]
 
 
 def _world(cfg) -> int:
@@ -118,15 +119,49 @@ def _closest_divisors(free: list[str], share: Mapping[str, float], left: int, pr
     return dict(zip(free, best[(0, left)][1]))
 
 
-def host_engines(cfg, rank: int, weights: Optional[Mapping[str, float]] = None) -> dict[str, int]:
-    """How many engines of each agent run on the machine of global rank `rank` (`trainer.devices` ranks a node):
-    every rank of the node holds one of every agent's under `shared`, one of its own agent's under `split`."""
-    per_node = cfg.trainer.devices if cfg.trainer.strategy == "fsdp" else 1
-    node = set(range(rank // per_node * per_node, (rank // per_node + 1) * per_node))
-    if cfg.trainer.placement != "split" or cfg.trainer.strategy != "fsdp":
-        return {name: per_node for name in cfg.agents}
-    placement = Placement.split(group_sizes(cfg, weights), rank=rank, world=_world(cfg))
-    return {name: len(node & set(ranks)) for name, ranks in placement.groups.items()}
+DEFAULT_SHARE = 0.3
+"""An engine's share of a GPU's memory where `agents.<key>.gpu_memory_utilization` is null."""
+CPU_ENGINES_SHARE = 0.25
+"""On vLLM's CPU build: the part of the machine's memory that the KV caches of the engines whose share is null
+divide among them (the trainer processes, the engines' weights and their processes need the rest)."""
+
+
+def engine_shares(shares: dict[str, float | None], engines_per_agent: dict[str, int], *, total_bytes: int,
+                  available_bytes: int, platform: str) -> tuple[dict[str, float], list[tuple], str]:
+    """Each agent's engine memory share on this host, what cannot fit, and what was decided, before any engine
+    starts. `shares`: `agents.<key>.gpu_memory_utilization` (None: not set); `engines_per_agent`: that agent's
+    engines on this host (its ranks here). On a GPU a null share is `DEFAULT_SHARE` (the memory plan checks
+    what a GPU holds). On vLLM's CPU build, where a share is the machine's memory its KV cache takes, the
+    shares of every engine on the host are summed: the set ones must fit in the memory available now (else a
+    problem line, with the figures and the setting), and the null ones divide `CPU_ENGINES_SHARE` of the
+    machine's memory, less the set ones, equally (at most `DEFAULT_SHARE` each). Returns (shares, problems as
+    (key, value, allowed, fix), a line saying what was decided, empty when nothing was)."""
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    if platform != "cpu":
+        return {name: DEFAULT_SHARE if share is None else share for name, share in shares.items()}, [], ""
+    fixed = {name: share for name, share in shares.items() if share is not None}
+    wanted = sum(share * engines_per_agent[name] for name, share in fixed.items()) * total_bytes
+    problems = []
+    if fixed and wanted > available_bytes:
+        name = max(fixed, key=lambda n: fixed[n] * engines_per_agent[n])
+        parts = " + ".join(f"{engines_per_agent[n]} x {fixed[n]:g} ({n})" for n in fixed)
+        problems.append((f"agents.{name}.gpu_memory_utilization", fixed[name],
+                         f"shares whose KV caches fit in this machine's free memory: its engines ask for {parts} of "
+                         f"{gib(total_bytes)}, {gib(wanted)}, and {gib(available_bytes)} are free",
+                         f"lower the shares, or leave them unset (the engines then share {CPU_ENGINES_SHARE:g} of the "
+                         "machine's memory)"))
+    auto = [name for name, share in shares.items() if share is None]
+    count = sum(engines_per_agent[name] for name in auto)
+    left = max(0.0, CPU_ENGINES_SHARE - sum(share * engines_per_agent[n] for n, share in fixed.items()))
+    each = min(DEFAULT_SHARE, left / count) if count else 0.0
+    if count and each <= 0:
+        problems.append((f"agents.{auto[0]}.gpu_memory_utilization", None,
+                         f"room for its engines: the shares set for the others take {CPU_ENGINES_SHARE:g} of the machine's "
+                         "memory or more", "lower the others' shares, or set this one"))
+    line = (f"vLLM (CPU): {count} engine(s) on this machine without a memory share ({', '.join(auto)}): each engine's KV "
+            f"cache takes {each:.4g} of its memory ({gib(each * total_bytes)}; agents.<key>.gpu_memory_utilization "
+            "sets it)") if count else ""
+    return {**{name: each for name in auto}, **fixed}, problems, line
 
 
 @dataclass
@@ -193,6 +228,13 @@ class Placement:
             return self.rank, self.world
         (name,) = self.local
         return self.rank_in(name), self.size_of(name)
+
+    def engines_on_node(self, per_node: int) -> dict[str, int]:
+        """How many engines of each agent run on this rank's machine (`per_node` ranks a machine): one for each
+        rank of the machine in the agent's group (every rank under `shared`)."""
+        first = self.rank // per_node * per_node
+        node = set(range(first, first + per_node))
+        return {name: len(node & set(ranks)) for name, ranks in self.groups.items()}
 
     def connect(self) -> None:
         """Create each group's process group (split only; a collective: every rank, in the same order). Idempotent."""

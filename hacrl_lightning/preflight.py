@@ -264,17 +264,20 @@ def device_problems(cfg: TrainConfig) -> List[Problem]:
 
 
 def engine_share_problems(cfg: TrainConfig) -> list[tuple]:
-    """The vLLM engines' memory shares on this machine (`rollout.engine_shares`: summed over its ranks and agents
-    on vLLM's CPU build) that cannot fit, before any engine starts."""
+    """The vLLM engines' memory shares on this machine (`placement.engine_shares`: summed over its ranks and agents
+    on vLLM's CPU build) that cannot fit, before any engine starts (rank 0's machine; a split that cannot be
+    made is said by `split_problems` instead)."""
     import psutil
 
-    from hacrl_lightning.placement import host_engines
-    from hacrl_lightning.rollout import engine_shares
+    from hacrl_lightning.placement import Placement, engine_shares, split_problems
     from hacrl_lightning.rollout.vllm import vllm_platform
 
+    if cfg.trainer.placement == "split" and split_problems(cfg):
+        return []
+    engines = Placement.of(cfg, rank=0).engines_on_node(cfg.trainer.devices if cfg.trainer.strategy == "fsdp" else 1)
     memory = psutil.virtual_memory()
     _, problems, _ = engine_shares({name: agent.gpu_memory_utilization for name, agent in cfg.agents.items()},
-                                   host_engines(cfg, 0), total_bytes=memory.total, available_bytes=memory.available,
+                                   engines, total_bytes=memory.total, available_bytes=memory.available,
                                    platform=vllm_platform() or "cuda")
     return problems
 

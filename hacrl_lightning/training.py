@@ -78,7 +78,7 @@ def run_placement(cfg: TrainConfig) -> Placement:
 
 
 def run_engine_shares(cfg: TrainConfig, placement: Placement) -> dict[str, float] | None:
-    """Each agent's vLLM engine memory share (`rollout.engine_shares`: on vLLM's CPU build summed over this
+    """Each agent's vLLM engine memory share (`placement.engine_shares`: on vLLM's CPU build summed over this
     machine's engines, those left unset scaled to fit, said once), None for the transformers backend. Shares
     that cannot fit raise `ConfigError` (the preflight refuses them before; the machine may have filled since)."""
     if cfg.rollout.backend != "vllm":
@@ -86,13 +86,10 @@ def run_engine_shares(cfg: TrainConfig, placement: Placement) -> dict[str, float
     import psutil
 
     from hacrl_lightning.errors import Problem
-    from hacrl_lightning.rollout import engine_shares
+    from hacrl_lightning.placement import engine_shares
     from hacrl_lightning.rollout.vllm import vllm_platform
 
-    node = placement.rank // (cfg.trainer.devices if cfg.trainer.strategy == "fsdp" else 1)
-    per_node = cfg.trainer.devices if cfg.trainer.strategy == "fsdp" else 1
-    here = set(range(node * per_node, (node + 1) * per_node)) if placement.world > 1 else {placement.rank}
-    engines = {name: max(1, len(here & set(ranks))) for name, ranks in placement.groups.items()}
+    engines = placement.engines_on_node(cfg.trainer.devices if cfg.trainer.strategy == "fsdp" else 1)
     memory = psutil.virtual_memory()
     shares, problems, line = engine_shares({name: agent.gpu_memory_utilization for name, agent in cfg.agents.items()},
                                            engines, total_bytes=memory.total, available_bytes=memory.available,

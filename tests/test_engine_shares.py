@@ -1,4 +1,4 @@
-"""vLLM engines' memory shares summed per machine before any engine starts (`rollout.engine_shares`, issue 36).
+"""vLLM engines' memory shares summed per machine before any engine starts (`placement.engine_shares`, issue 36).
 
 On vLLM's CPU build a share is the machine's memory an engine's KV cache takes, and every rank starts its own
 engines: `experiment=paper_smoke rollout=vllm` (2 ranks x 2 agents at 0.3 each) asked for 1.2 of the machine
@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 
 from hacrl_lightning.cli import compose_config
-from hacrl_lightning.placement import host_engines
-from hacrl_lightning.rollout import CPU_ENGINES_SHARE, DEFAULT_SHARE, engine_shares
+from hacrl_lightning.placement import CPU_ENGINES_SHARE, DEFAULT_SHARE, Placement, engine_shares
 
 GIB = 2**30
 
@@ -47,12 +46,21 @@ def test_on_a_gpu_an_unset_share_is_the_default_and_the_plan_checks_the_rest():
     assert shares == {"a": DEFAULT_SHARE, "b": 0.2} and problems == [] and line == ""
 
 
+def test_an_agent_without_an_engine_on_this_machine_is_no_problem():
+    """Under split on several machines, an agent's group may have no rank here: nothing to share or refuse."""
+    shares, problems, line = engine_shares({"a": 0.25, "b": None}, {"a": 1, "b": 0}, total_bytes=24 * GIB,
+                                           available_bytes=20 * GIB, platform="cpu")
+    assert problems == [] and line == "" and shares["a"] == 0.25
+
+
 def test_engines_on_a_machine_count_its_ranks_and_the_agents_they_hold():
     shared, _ = compose_config(["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"])
-    assert host_engines(shared, 0) == {"tiny_a": 2, "tiny_b": 2}
+    assert Placement.of(shared, rank=1).engines_on_node(2) == {"tiny_a": 2, "tiny_b": 2}
     split, _ = compose_config(["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=4", "trainer.placement=split",
                                "rollout.backend=vllm", "agents.tiny_a.ranks=3", "agents.tiny_b.ranks=1",
                                "data.prompts_per_step=12", "trainer.mini_batch_prompts=4"])
-    assert host_engines(split, 0) == {"tiny_a": 3, "tiny_b": 1}
+    assert Placement.of(split, rank=0).engines_on_node(4) == {"tiny_a": 3, "tiny_b": 1}
+    assert Placement.of(split, rank=0).engines_on_node(2) == {"tiny_a": 2, "tiny_b": 0}  # 2 ranks a machine: 0, 1
+    assert Placement.of(split, rank=3).engines_on_node(2) == {"tiny_a": 1, "tiny_b": 1}  # ranks 2 (a), 3 (b)
     one, _ = compose_config([])
-    assert host_engines(one, 0) == {"tiny_a": 1, "tiny_b": 1}
+    assert Placement.of(one, rank=0).engines_on_node(1) == {"tiny_a": 1, "tiny_b": 1}

@@ -1,8 +1,8 @@
 """vLLM engines sleep between rollouts (`rollout.sleep`): the order of sleep, wake and sync, and who calls them.
 
-vLLM's sleep mode exists only on CUDA (its CPU build refuses it: tests/test_bad_configs.py and the preflight
-case below), so `FakeSleepingLLM` stands in for a CUDA `vllm.LLM`: a fake named as such, recording the calls
-`VLLMEngine` makes of it. Which generation is followed by a sleep is checked on the real DataModule with real
+vLLM's sleep mode exists only on CUDA (its CPU build has none, and the preflight refuses it there: the vLLM
+lane's tests/test_vllm.py), so `FakeSleepingLLM` stands in for a CUDA `vllm.LLM`: a fake named as such,
+recording the calls `VLLMEngine` makes of it. Which generation is followed by a sleep is checked on the real DataModule with real
 transformers engines, each given a recording `rest`.
 """
 
@@ -111,18 +111,3 @@ def test_engines_rest_after_training_rollouts_not_after_evaluation(zoo_cache):
     dm.evaluate(limit=2)
     assert rests == ["tiny_a", "tiny_b"]  # an evaluation is followed by the next step's rollout, not a sync
     dm.teardown("fit")
-
-
-def test_sleep_is_refused_where_vllm_has_no_sleep_mode(monkeypatch):
-    """On vLLM's CPU build (the .venv-vllm lane) the preflight refuses `rollout.sleep=true` naming the platform;
-    here the platform is asked through the same function, given a stand-in platform object."""
-    import sys
-
-    from hacrl_lightning import preflight
-
-    platform = SimpleNamespace(device_type="cpu", is_sleep_mode_available=lambda: False)
-    monkeypatch.setitem(sys.modules, "vllm.platforms", SimpleNamespace(current_platform=platform))
-    problem = preflight.sleep_problem()
-    assert problem.key == "rollout.sleep" and "cpu platform has no sleep mode" in problem.allowed
-    platform.is_sleep_mode_available = lambda: True
-    assert preflight.sleep_problem() is None

@@ -253,3 +253,13 @@ def test_split_placement_runs_one_engine_per_rank_and_they_answer_as_the_exports
     copies = sorted(p.name for p in (run / "engine_dirs").iterdir() if "-rank" in p.name)
     assert copies == ["tiny_a-rank0", "tiny_b-rank1"]
     assert_engines_answered_as_their_exports(run, summary, zoo_cache, updates_per_step=4)  # n·P/mini = 2·8/4
+
+
+def test_sleep_is_refused_on_vllms_cpu_build_naming_why():
+    """vLLM's CPU build has no sleep mode (`is_sleep_mode_available()` is false there): the preflight refuses
+    `rollout.sleep=true` in one line, never leaving it silently unused."""
+    from hacrl_lightning.preflight import sleep_problem
+
+    problem = sleep_problem()
+    assert problem is not None and problem.key == "rollout.sleep"
+    assert "cpu platform has no sleep mode" in problem.allowed and "CUDA" in problem.fix
