@@ -364,6 +364,14 @@ class RolloutConfig:
     """vLLM backend: each engine's worker in the trainer's process (weights pushed as tensors) rather than
     in a process of its own (weights pushed through its model directory; the default: vLLM then cannot
     patch the trainer's process, docs/training.md#the-vllm-backend)."""
+    weight_sync: str = setting("shared_memory", harmless=True, unhashed=True, implied="file")
+    """vLLM backend, engines in their own processes: how the weights reach an engine after each update.
+    `shared_memory`: in buckets of `weight_sync_mb` through one buffer in shared memory, never on disk and never
+    a whole copy of the model (rollout/vllm_sync.py); `file`: one safetensors file written to the engine's model
+    directory and read back (the portable fallback). Engines in the trainer's process take the tensors."""
+    weight_sync_mb: float = setting(256.0, harmless=True, unhashed=True)
+    """The shared-memory sync's bucket in MiB (raised to the largest tensor, which is never split): the sync's
+    extra memory in the trainer, and about one bucket per `collective_rpc` call."""
 
 
 @dataclass
@@ -534,6 +542,7 @@ class TrainConfig:
 DTYPES = ("float32", "bfloat16", "float16")
 STRATEGIES = ("auto", "single", "fsdp")
 PLACEMENTS = ("shared", "split")
+WEIGHT_SYNCS = ("shared_memory", "file")
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
@@ -714,6 +723,8 @@ def _check_rollout(c: Checks, cfg: TrainConfig) -> None:
               "sleep allocator is one per process: a second engine in the process cannot sleep)",
               "drop rollout.vllm_in_process (each engine in a process of its own), or trainer.placement=split "
               "(one agent per rank)")
+    c.choice("rollout.weight_sync", cfg.rollout.weight_sync, WEIGHT_SYNCS)
+    c.positive("rollout.weight_sync_mb", cfg.rollout.weight_sync_mb)
     if cfg.rollout.sleep and cfg.rollout.backend != "vllm":
         c.bad("rollout.sleep", True, "false with rollout.backend=" + str(cfg.rollout.backend) + " (sleep mode is vLLM's: "
               "the transformers engine is the training model itself)", "drop rollout.sleep, or use rollout=vllm on CUDA")

@@ -184,6 +184,8 @@ class RolloutDataModule(pl.LightningDataModule):
                 options = engine_options(agent, backend, batch_size=self.rollout_cfg.generation_batch_size,
                                          seed=self.seed, export_to=self.engine_dir / name,
                                          in_process=self.rollout_cfg.vllm_in_process, sleep=self.rollout_cfg.sleep,
+                                         weight_sync=self.rollout_cfg.weight_sync,
+                                         weight_sync_mb=self.rollout_cfg.weight_sync_mb,
                                          gpu_memory_utilization=(self.engine_shares or {}).get(name),
                                          writes=self.placement.rank_in(name) == 0 if split else None)
                 if "model_dir" in options and self._world > 1:

@@ -38,9 +38,9 @@ far more than 64 sequences of 120 tokens of these models need)."""
 PROMPTS = [ex.prompt for ex in synthetic_examples(DataConfig(ops=["+"]), "eval", 32)]
 
 
-def engine_for(agent, tmp_path: Path, *, in_process: bool):
+def engine_for(agent, tmp_path: Path, *, in_process: bool, **sync):
     options = engine_options(agent, "vllm", batch_size=64, seed=0, gpu_memory_utilization=SHARE,
-                             export_to=tmp_path / f"engine_{agent.name}", in_process=in_process)
+                             export_to=tmp_path / f"engine_{agent.name}", in_process=in_process, **sync)
     return make_engine("vllm", agent.model, **options)
 
 
@@ -118,34 +118,77 @@ def test_a_seeded_batch_longer_than_one_scheduler_step_samples_reproducibly(load
     assert sum(len({tuple(ids) for ids in group}) > 1 for group in groups) >= 24
 
 
-@pytest.mark.parametrize("name, in_process", [("tiny_a", False), ("tiny_a", True), ("tiny_e", False)],
-                         ids=["tied-own_process", "tied-in_process", "untied-own_process"])
-def test_after_a_sync_the_engine_answers_as_the_trained_model(load_zoo_agent, tmp_path, name, in_process):
-    """One supervised AdamW step at lr 3e-3 changes most greedy answers; after `sync_weights` the engine's
-    greedy answers are the trainer's again. tiny_e (GPT-NeoX, untied) is served by vLLM's Transformers
-    backend, which patches transformers' classes in the process that hosts it: only in its own process."""
-    from hacrl_lightning.agents.zoo import _batch, _rows
+SYNC_MB = 0.05
+"""Shared-memory buckets of 52 KB: a few of tiny_a's 36 KB projection matrices each, so a layer's weights arrive
+over several buckets (the reload must wait for the whole layer) and its 137 KB embedding travels alone in a
+bucket raised to its size."""
 
-    agent = load_zoo_agent(name, dtype="float32")
+
+@pytest.mark.parametrize("name, in_process, weight_sync, dtype", [
+    ("tiny_a", False, "shared_memory", "float32"), ("tiny_a", False, "file", "float32"),
+    ("tiny_a", True, "shared_memory", "float32"), ("tiny_e", False, "shared_memory", "float32"),
+    ("tiny_e", False, "file", "float32")],
+    ids=["tied-own_process-shared_memory", "tied-own_process-file", "tied-in_process",
+         "untied-own_process-shared_memory", "untied-own_process-file"])
+def test_after_a_sync_the_engine_answers_as_the_trained_model(load_zoo_agent, tmp_path, name, in_process,
+                                                               weight_sync, dtype):
+    """One supervised AdamW step at lr 3e-3 changes most greedy answers; after `sync_weights` the engine's
+    greedy answers are the trainer's again, through each weight sync: shared-memory buckets of 52 KB (so
+    layers span buckets), the safetensors file, tensors in the trainer's process. tiny_e (GPT-NeoX, untied)
+    is served by vLLM's Transformers backend, which patches transformers' classes in the process that hosts
+    it: only in its own process."""
+    agent = load_zoo_agent(name, dtype=dtype)
     assert agent.model.config.tie_word_embeddings is (name != "tiny_e")
     threads = torch.get_num_threads()
-    engine = engine_for(agent, tmp_path, in_process=in_process)
+    engine = engine_for(agent, tmp_path, in_process=in_process, weight_sync=weight_sync, weight_sync_mb=SYNC_MB)
     prompt_ids = agent.encode_prompts(PROMPTS)
     before = greedy(agent, engine, prompt_ids)
     assert_same_greedy(agent, before, trainer_greedy(agent, prompt_ids), prompt_ids)
-    optimizer = torch.optim.AdamW(agent.parameters(), lr=3e-3)
+    supervised_step(agent)
+    engine.sync_weights(agent.model)
+    if weight_sync == "shared_memory" and not in_process:
+        assert engine.shared_memory.buckets_sent > 3  # the weights crossed in several buckets
+    after = greedy(agent, engine, prompt_ids)
+    assert sum(a != b for a, b in zip(after, before)) >= 8  # the step changed many answers
+    assert_same_greedy(agent, after, trainer_greedy(agent, prompt_ids), prompt_ids)
+    # the trainer keeps its threads, and can still set them (vLLM's CPU worker replaces set_num_threads)
+    assert torch.get_num_threads() == threads and torch.set_num_threads.__module__ != "vllm.v1.worker.cpu_worker"
+
+
+def supervised_step(agent, lr: float = 3e-3) -> None:
+    """One supervised AdamW step on 32 solved problems: at lr 3e-3 it changes most greedy answers."""
+    from hacrl_lightning.agents.zoo import _batch, _rows
+
+    optimizer = torch.optim.AdamW(agent.parameters(), lr=lr)
     input_ids, attention_mask, loss_mask = _batch(_rows(agent, synthetic_examples(DataConfig(ops=["+"]), "eval", 32)),
                                                   agent.pad_token_id)
     loss = -(agent.token_logprobs(input_ids, attention_mask) * loss_mask).sum() / loss_mask.sum()
     loss.backward()
     optimizer.step()
     agent.eval()
-    engine.sync_weights(agent.model)
-    after = greedy(agent, engine, prompt_ids)
-    assert sum(a != b for a, b in zip(after, before)) >= 8  # the step changed many answers
-    assert_same_greedy(agent, after, trainer_greedy(agent, prompt_ids), prompt_ids)
-    # the trainer keeps its threads, and can still set them (vLLM's CPU worker replaces set_num_threads)
-    assert torch.get_num_threads() == threads and torch.set_num_threads.__module__ != "vllm.v1.worker.cpu_worker"
+
+
+def test_a_bf16_engine_synced_through_shared_memory_answers_as_one_built_from_the_new_weights(load_zoo_agent,
+                                                                                              tmp_path):
+    """A bf16 engine (the trainer's fp32 master weights cast in the sync; tied tiny_a) synced through 52 KB
+    shared-memory buckets after an update answers exactly as a bf16 engine built from an export of the
+    updated weights: the same kernels on the same bf16 weights (transformers' bf16 kernels would part from
+    vLLM's at near-ties, so the trainer is not the reference here)."""
+    agent = load_zoo_agent("tiny_a", dtype="bfloat16")
+    agent.model.float()  # fp32 master weights, as training holds them; the engine's dtype is the agent's bf16
+    synced = engine_for(agent, tmp_path, in_process=False, weight_sync="shared_memory", weight_sync_mb=SYNC_MB)
+    prompt_ids = agent.encode_prompts(PROMPTS)
+    before = greedy(agent, synced, prompt_ids)
+    supervised_step(agent)
+    synced.sync_weights(agent.model)
+    assert synced.shared_memory.buckets_sent > 3
+    after = greedy(agent, synced, prompt_ids)
+    synced.close()
+    fresh = engine_for(agent, tmp_path / "fresh", in_process=False, weight_sync="file")
+    expected = greedy(agent, fresh, prompt_ids)
+    fresh.close()
+    assert sum(a != b for a, b in zip(after, before)) >= 8
+    assert after == expected
 
 
 def test_train_script_with_vllm_rollouts_matches_a_transformers_evaluation(tmp_path, zoo_cache):

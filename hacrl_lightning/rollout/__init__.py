@@ -51,14 +51,16 @@ def make_engine(backend: str, model: torch.nn.Module, **options) -> RolloutEngin
 
 def engine_options(agent, backend: str, *, batch_size: int, seed: int = 0,
                    gpu_memory_utilization: float | None = None, export_to: str | os.PathLike | None = None,
-                   in_process: bool = False, writes: bool | None = None, sleep: bool = False) -> dict:
+                   in_process: bool = False, writes: bool | None = None, sleep: bool = False,
+                   weight_sync: str = "shared_memory", weight_sync_mb: float = 256.0) -> dict:
     """`make_engine` options for one agent (an `Agent`: token ids, lengths, export).
 
     vLLM loads weights from a Hugging Face dir, so the agent is first exported to `export_to`
     (default `engine_dirs/<name>`; also the dir its weight sync writes to); its memory share is the
     agent's own `gpu_memory_utilization` unless one is given for all. `in_process`: the engine's
     worker in this process (`RolloutConfig.vllm_in_process`); `writes`: whether this rank writes that export
-    (`Agent.export`); `sleep`: the engine sleeps between rollouts (`RolloutConfig.sleep`, vLLM on CUDA).
+    (`Agent.export`); `sleep`: the engine sleeps between rollouts (`RolloutConfig.sleep`, vLLM on CUDA);
+    `weight_sync`, `weight_sync_mb`: how an engine in its own process gets new weights (`RolloutConfig`).
     """
     options = dict(eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id, batch_size=batch_size)
     if backend == "vllm":
@@ -66,5 +68,6 @@ def engine_options(agent, backend: str, *, batch_size: int, seed: int = 0,
         share = DEFAULT_SHARE if share is None else share
         options.update(model_dir=agent.export(Path(export_to or Path("engine_dirs") / agent.name), writes=writes), gpu_memory_utilization=share,
                        seed=seed, max_model_len=agent.max_prompt_len + agent.max_response_len, dtype=agent.cfg.dtype,
-                       in_process=in_process, **(dict(sleep=True) if sleep else {}))
+                       in_process=in_process, weight_sync=weight_sync, weight_sync_mb=weight_sync_mb,
+                       **(dict(sleep=True) if sleep else {}))
     return options

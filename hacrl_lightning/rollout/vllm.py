@@ -8,11 +8,12 @@ Each engine gets its agent's memory share (the GPU's on CUDA, the KV cache's sha
 memory on CPU), samples with exactly the trainer's settings (no top-k, processed log-probs, i.e. after
 temperature, as the trainer recomputes them), and stops at the agent's own EOS.
 
-Placement and weight sync: an engine lives in a process of its own by default, and gets its weights
-through the directory it was built from (`write_weights`, then every worker's `reload_weights`: that
-reload *is* the push, so nothing reloads after a push, TRL#5312). With `in_process`, its worker lives in
-the trainer's process and `reload_weights` gets the tensors themselves; `_engine_environment` keeps
-vLLM from leaving the trainer single-threaded.
+Placement and weight sync: an engine lives in a process of its own by default, and gets its weights in
+buckets through shared memory (`rollout.weight_sync=shared_memory`, rollout/vllm_sync.py), or, with
+`rollout.weight_sync=file`, through the directory it was built from (`write_weights`, then every worker's
+`reload_weights`: that reload *is* the push, so nothing reloads after a push, TRL#5312). With `in_process`,
+its worker lives in the trainer's process and `reload_weights` gets the tensors themselves;
+`_engine_environment` keeps vLLM from leaving the trainer single-threaded.
 
 Sleep (`rollout.sleep`, CUDA only: vLLM's CPU build has no sleep mode, and the preflight says so): an engine
 is built and at once parked (level 1: its weights copied to host memory, its KV cache released), so the next
@@ -211,7 +212,8 @@ class VLLMEngine:
 
     def __init__(self, model: torch.nn.Module, *, model_dir: str | os.PathLike, eos_token_ids: Sequence[int],
                  gpu_memory_utilization: float, max_model_len: int, dtype: str = "bfloat16", seed: int = 0,
-                 enforce_eager: bool = True, in_process: bool = False, sleep: bool = False, **_unused):
+                 enforce_eager: bool = True, in_process: bool = False, sleep: bool = False,
+                 weight_sync: str = "shared_memory", weight_sync_mb: float = 256.0, **_unused):
         vllm = require_vllm()
         self.model_dir = Path(model_dir)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
@@ -228,6 +230,9 @@ class VLLMEngine:
         self.state = "awake"
         """`awake`; `parked` (level 1: weights in host memory, no KV cache; after the build); `asleep` (level 2:
         neither, until the next sync); `weights` (woken and synced, the KV cache still released)."""
+        shared = not in_process and weight_sync == "shared_memory"
+        if shared:  # the workers' side of the shared-memory sync (rollout/vllm_sync.py)
+            memory["worker_extension_cls"] = "hacrl_lightning.rollout.vllm_sync.SyncWorkerExtension"
         with _engine_environment(in_process=in_process):
             self.llm = vllm.LLM(
                 model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
@@ -235,6 +240,13 @@ class VLLMEngine:
                 generation_config="vllm", skip_tokenizer_init=True, **memory,
                 **(dict(enable_sleep_mode=True) if sleep else {}),
             )
+        self.shared_memory = None
+        """The shared-memory sync (`rollout.weight_sync=shared_memory`, own process), else None (file or tensors)."""
+        if shared:
+            from hacrl_lightning.rollout.vllm_sync import SharedMemorySync
+
+            self.shared_memory = SharedMemorySync(self.llm, dtype=self.dtype, bucket_mb=weight_sync_mb,
+                                                  near=self.model_dir.parent)
         if sleep:
             self.park()
 
@@ -277,6 +289,8 @@ class VLLMEngine:
         if self.in_process:  # tensors straight into the worker: `reload_weights` re-packs them as the
             # CPU platform needs (its repacked linear weights have no `weight_loader` for `load_weights`)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        elif self.shared_memory is not None:  # buckets through shared memory (rollout/vllm_sync.py)
+            self.shared_memory.push(full_state_items(model))
         else:
             write_weights(self.model_dir, items)
             self.llm.collective_rpc("reload_weights")
@@ -288,6 +302,8 @@ class VLLMEngine:
         multiprocessing child (it joins its child processes first, and the engine's wait for a shutdown that
         never comes: `bench.py step --backend vllm` hung there). Idempotent."""
         client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if self.shared_memory is not None:
+            self.shared_memory.close()
         if client is not None and not getattr(self, "_closed", False):
             self._closed = True
             client.shutdown()

@@ -1,0 +1,149 @@
+"""Weight sync for a vLLM engine in a process of its own, without a disk round trip: the weights go in bounded
+buckets through one shared-memory buffer that the trainer and the engine's workers both map.
+
+`SharedMemorySync` (trainer side) casts each weight to the engine's dtype straight into the buffer; when the next
+weight would not fit, the bucket is sent: one `collective_rpc` carrying only names, dtypes, shapes and offsets,
+and every worker (`SyncWorkerExtension`, vLLM's `worker_extension_cls`) loads those tensors. A sync is one vLLM
+layerwise reload (the same `initialize_layerwise_reload` ... `finalize_layerwise_reload` that `reload_weights`
+runs, and that vLLM's own weight-transfer engines run around their chunks), so a layer whose weights arrive over
+two buckets is processed (repacked for the CPU kernels) once it is complete. Workers copy a bucket's tensors out
+of the buffer before loading (the reload holds a partly loaded layer's tensors until the layer is complete, and
+the buffer is refilled with the next bucket), so the extra memory of a sync is the buffer plus at most one
+layer's weights in the engine, never a full copy of the model (`bench.py sync` measures it).
+
+The buffer is a file in `/dev/shm` (memory, not disk) where that exists, else beside the engine's model
+directory; it is unlinked once every worker has mapped it, so nothing is left behind by a crash. On CUDA the
+bucket is staged in host memory too (GPU -> host -> GPU, no disk): CUDA IPC handles are not implemented here.
+Deliberately not here: the file path (`vllm.write_weights`, the portable fallback, `rollout.weight_sync=file`)
+and engines in the trainer's process (they take the tensors themselves).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+ALIGN = 64
+"""Byte alignment of each tensor in the buffer (any dtype's element size divides it)."""
+SHM_DIR = Path("/dev/shm")
+
+
+def bucket_plan(items: Iterable[tuple[str, torch.Tensor]], *, dtype: torch.dtype,
+                bucket_bytes: int) -> Iterable[list[tuple[str, torch.Tensor, int]]]:
+    """Group (name, tensor) pairs, in order, into buckets of at most `bucket_bytes` each once cast to `dtype`
+    (floating tensors; others keep theirs): lists of (name, tensor, byte offset). A tensor larger than the
+    bucket travels alone (the buffer is sized for the largest tensor, `SharedMemorySync`). Lazy: `items` is
+    read one tensor ahead of the bucket being filled, so gathering FSDP2 shards stays one tensor at a time."""
+    bucket, used = [], 0
+    for name, tensor in items:
+        size = tensor.numel() * (dtype if tensor.is_floating_point() else tensor.dtype).itemsize
+        start = -(-used // ALIGN) * ALIGN
+        if bucket and start + size > bucket_bytes:
+            yield bucket
+            bucket, start = [], 0
+        bucket.append((name, tensor, start))
+        used = start + size
+    if bucket:
+        yield bucket
+
+
+class SharedMemorySync:
+    """Trainer side of the shared-memory weight sync of one engine (`llm`: a `vllm.LLM` built with
+    `worker_extension_cls=SyncWorkerExtension`). `bucket_mb`: the buffer's size in MiB (`rollout.weight_sync_mb`),
+    raised to the largest tensor where one is larger (a tensor is never split)."""
+
+    def __init__(self, llm, *, dtype: torch.dtype, bucket_mb: float, near: Path):
+        self.llm, self.dtype = llm, dtype
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.near = near
+        self.buffer: torch.Tensor | None = None
+        self.buffer_bytes = 0
+        self.buckets_sent = 0
+        """Buckets of the last sync (for tests and `bench.py sync`)."""
+
+    def _ensure_buffer(self, nbytes: int) -> None:
+        """Map (or grow) the shared buffer to at least `nbytes`; every worker maps the same file, then it is
+        unlinked."""
+        if self.buffer is not None and self.buffer_bytes >= nbytes:
+            return
+        folder = SHM_DIR if SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK) else self.near
+        handle, path = tempfile.mkstemp(prefix="hacrl-weights-", dir=folder)
+        try:
+            os.ftruncate(handle, nbytes)
+            os.close(handle)
+            self.buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+            self.buffer_bytes = nbytes
+            self.llm.collective_rpc("hacrl_map_buffer", args=(path, nbytes))
+        finally:
+            Path(path).unlink(missing_ok=True)
+
+    def push(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Send every (name, tensor) of `items` (full tensors, read lazily) to the engine, one bucket at a time."""
+        self.llm.collective_rpc("hacrl_begin_weights")
+        sent = 0
+        try:
+            for bucket in bucket_plan(items, dtype=self.dtype, bucket_bytes=self.bucket_bytes):
+                _, last, start = bucket[-1]
+                end = start + last.numel() * self._cast(last).itemsize
+                self._ensure_buffer(max(end, self.bucket_bytes))
+                entries = []
+                for name, tensor, offset in bucket:
+                    dtype = self._cast(tensor)
+                    nbytes = tensor.numel() * dtype.itemsize
+                    view = self.buffer[offset:offset + nbytes].view(dtype).view(tensor.shape)
+                    view.copy_(tensor.detach())  # the cast, straight into the buffer (from GPU: the copy to host)
+                    entries.append((name, str(dtype).removeprefix("torch."), list(tensor.shape), offset))
+                self.llm.collective_rpc("hacrl_load_bucket", args=(entries,))
+                sent += 1
+        finally:
+            self.llm.collective_rpc("hacrl_end_weights")
+        self.buckets_sent = sent
+
+    def _cast(self, tensor: torch.Tensor) -> torch.dtype:
+        return self.dtype if tensor.is_floating_point() else tensor.dtype
+
+    def close(self) -> None:
+        self.buffer = None
+
+
+class SyncWorkerExtension:
+    """Engine side, mixed into each vLLM worker (`worker_extension_cls`): the `hacrl_*` calls of
+    `SharedMemorySync`. Names carry the prefix so that they cannot clash with the worker's own."""
+
+    def hacrl_map_buffer(self, path: str, nbytes: int) -> None:
+        self.hacrl_buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+
+    def hacrl_begin_weights(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.model_runner.get_model())
+
+    def hacrl_load_bucket(self, entries: list) -> None:
+        from vllm.config import set_current_vllm_config
+
+        def tensors():
+            for name, dtype, shape, offset in entries:
+                dtype = getattr(torch, dtype)
+                nbytes = math.prod(shape) * dtype.itemsize
+                view = self.hacrl_buffer[offset:offset + nbytes].view(dtype).view(shape)
+                yield name, view.clone()  # out of the buffer: it is refilled by the next bucket
+
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.get_model().load_weights(tensors())
+
+    def hacrl_end_weights(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        runner = self.model_runner
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(runner.get_model(), runner.model_config)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as `reload_weights` does
+            getattr(runner, reset, lambda: None)()
