@@ -8,6 +8,8 @@
 
     python scripts/bench.py exchange [--agents tiny_qwen3,tiny_llama32] [--synthetic 500] [--stress 200]
 
+    python scripts/bench.py sync [--agents tiny_b,tiny_qwen3] [--methods file,shared_memory] [--bucket-mb 256]
+
 `rollout`: generation throughput per agent and backend (tokens/s, responses/s) on prompts of the
 synthetic task, with the prompt count, G and lengths printed beside the figures. The vLLM backend
 is measured only where vllm and a GPU are present.
@@ -23,6 +25,9 @@ default the paper's real Qwen3 and Llama 3.2 tokenizers): rows exact or marked, 
 math fixtures' texts, synthetic answers and stress texts (`hacrl_lightning/bench/exchange.py`);
 figures in docs/agents.md.
 
+`sync`: a vLLM engine's weight sync in its own process, through the safetensors file and through shared-memory
+buckets: seconds per sync and the extra memory of a sync in the trainer and the engine (`hacrl_lightning/bench/sync.py`).
+
 This file is the command line only: each subcommand is a module of `hacrl_lightning.bench`
 (`add_arguments`, `run`, `print_report`); the figures are printed, and written as JSON with `--json`.
 """
@@ -34,13 +39,14 @@ import json
 import sys
 from pathlib import Path
 
-from hacrl_lightning.bench import exchange, rewards, rollout, step
+from hacrl_lightning.bench import exchange, rewards, rollout, step, sync
 
 COMMANDS = {
     "rollout": (rollout, "generation tokens/s per agent and backend"),
     "rewards": (rewards, "math_verify items/s in-process and through RewardPool"),
     "step": (step, "framework HACPO step vs a bare loop: phases, tokens/s, RSS, n and G scaling"),
     "exchange": (exchange, "responses crossing two agents' tokenizers: rows exact or marked"),
+    "sync": (sync, "vLLM weight sync per method (file, shared memory): seconds and extra memory per sync"),
 }
 
 

@@ -44,6 +44,7 @@ def fake_engine(tmp_path: Path, *, sleeps: bool) -> VLLMEngine:
     engine = VLLMEngine.__new__(VLLMEngine)
     engine.model_dir, engine.eos_token_ids, engine.dtype = tmp_path, (2,), torch.float32
     engine.in_process, engine.platform, engine.sleeps, engine.state = False, "cuda", sleeps, "awake"
+    engine.shared_memory = None  # the file sync: its rpc is what the fake records
     engine._vllm = SimpleNamespace(SamplingParams=lambda **kwargs: kwargs)
     engine.llm = FakeSleepingLLM()
     (tmp_path / "config.json").write_text("{}")

@@ -2,7 +2,7 @@
 
     python scripts/bench.py step [--agents tiny_a,tiny_b,tiny_c,tiny_d] [--n 2,3,4] [--groups 4,8,16]
                                  [--prompts 4] [--steps 3] [--warmup 1] [--headline-repeats 2]
-                                 [--json bench.json]
+                                 [--backend hf|vllm] [--profile DIR] [--json bench.json]
 
 Both paths start from the same tiny zoo weights, see the same prompts (the framework's seeded,
 step-indexed prompt sampler), and sample with the same settings and seeds. Sampled response
@@ -28,10 +28,13 @@ tests/test_reference.py). It runs one forward pass per mini-batch (and one per s
 log-probs) where the framework runs micro-batches of `trainer.micro_batch_size` (16): the same passes at
 G = 4 (mini-batches of 4 prompts, 16 rows), two and four times as many in the framework at G = 8 and 16.
 
-`framework_over_bare` is the ratio of the median process CPU seconds per step (all threads), which
-a machine shared with other jobs leaves nearly intact; the wall-time ratio is reported beside it.
-The headline (first) configuration runs `--headline-repeats` framework/bare process pairs,
-alternating, and pools their steps.
+`framework_over_bare` is the ratio of the median CPU seconds per step (all threads of the trainer's process
+and of the engines' processes: vLLM's own processes count), which a machine shared with other jobs leaves
+nearly intact; the wall-time ratio is reported beside it. The headline (first) configuration runs
+`--headline-repeats` framework/bare process pairs, interleaved, pools their steps, and reports each pair's
+ratios (median, min, max over the pairs: the spread). `outside_phases_share` is the share of the step spent
+outside every timed phase (the `logging` remainder), and `slowest_step_over_median` the slowest timed step
+over the median: no time goes unaccounted, and a spike shows.
 Each (path, n, G) runs in a fresh process, so peak resident memory (RSS, sampled every 5 ms and
 attributed to the phase running) is that configuration's alone. The warm-up steps are not timed;
 in them the framework is searched, at every phase boundary, for CPU tensors shaped like a weight
@@ -75,6 +78,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--headline-repeats", type=int, default=2,
                         help="framework/bare process pairs, alternating, pooled for the headline (first) configuration")
     parser.add_argument("--json", default="bench.json", help="where to write the figures ('' for nowhere)")
+    parser.add_argument("--profile", default="", help="a folder: the headline's first framework and bare runs under "
+                                                      "cProfile, written there as framework.prof and bare.prof")
     parser.add_argument("--backend", default="hf", choices=["hf", "vllm"],
                         help="rollout engine of both paths: transformers, or one vLLM engine per agent (CUDA or "
                              "vLLM's CPU build), synced after every step in both")
@@ -150,6 +155,22 @@ class PhaseMemory:
         self._stop.set()
         self._thread.join()
         return {label: rss / MB for label, rss in self.peak.items()}
+
+
+def engine_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process's children: the vLLM engines' processes (none
+    with the transformers backend or engines in the trainer's process). An engine process that has ended
+    drops out of the sum, so a step's difference is meaningful only while the engines live (all timed steps)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # ended between the listing and the read
+            continue
+        total += times.user + times.system
+    return total
 
 
 def weight_copies(agents, optimizers) -> list[str]:
@@ -283,6 +304,7 @@ class StepRecorder(Callback):
         row = dict(self.current)
         row["step_s"] = time.perf_counter() - self._start
         row["cpu_s"] = time.process_time() - self._cpu_start
+        row["engine_cpu_s"] = engine_cpu_s() - self._engine_cpu_start
         metrics = self.module.last_metrics
         for phase in ("rollout", "reward", "exchange", "old_logprobs", "update"):
             row[phase] = float(metrics[f"time/{phase}"])
@@ -295,7 +317,7 @@ class StepRecorder(Callback):
         self._close()
         self.memory.scan = self._scan if len(self.steps) < self.warmup else None
         self.current = defaultdict(float)
-        self._start, self._cpu_start = time.perf_counter(), time.process_time()
+        self._start, self._cpu_start, self._engine_cpu_start = time.perf_counter(), time.process_time(), engine_cpu_s()
 
     def _scan(self) -> None:
         copies = weight_copies(self.module.agents.values(), self.module.trainer.optimizers)
@@ -365,14 +387,14 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
     for step in range(warmup + steps):
         examples = [train_set[i] for i in sampler.indices(step)]
         marks.clear()
-        t0, cpu0 = time.perf_counter(), time.process_time()
+        t0, cpu0, engine0 = time.perf_counter(), time.process_time(), engine_cpu_s()
         done = reference.hacpo_step(loaded, optimizers, full_length, examples, window, cfg=cfg, step=step, phase=phase)
         phase("weight_sync")
         for k, engine in engines.items():  # the engines answer with the updated weights next step
             engine.sync_weights(loaded[k].model)
         end = time.perf_counter()
         row = {label: later - at for (label, at), (_, later) in zip(marks, [*marks[1:], ("end", end)])}
-        row.update(step_s=end - t0, cpu_s=time.process_time() - cpu0,
+        row.update(step_s=end - t0, cpu_s=time.process_time() - cpu0, engine_cpu_s=engine_cpu_s() - engine0,
                    rollout_tokens=sum(len(r.token_ids) for r in done.rollouts),
                    trained_tokens=sum(int(view.loss_mask.sum()) for view in done.views.values()))
         out.append(row)
@@ -390,16 +412,42 @@ def _median(rows: list[dict], key: str) -> float:
     return statistics.median(r.get(key, 0.0) for r in rows)
 
 
-def summarise(framework: dict, bare: dict, n: int, G: int, prompts: int) -> dict:
+def _total_cpu(row: dict) -> float:
+    return row.get("cpu_s", 0.0) + row.get("engine_cpu_s", 0.0)
+
+
+def ratios(framework: dict, bare: dict) -> dict:
+    """One framework/bare pair of runs: median CPU seconds per step (the trainer's and the engines' processes'
+    together) and median wall seconds, framework over bare."""
+    f_rows, b_rows = framework["steps"], bare["steps"]
+    return {"cpu": statistics.median(map(_total_cpu, f_rows)) / statistics.median(map(_total_cpu, b_rows)),
+            "wall": _median(f_rows, "step_s") / _median(b_rows, "step_s")}
+
+
+def summarise(framework: dict, bare: dict, n: int, G: int, prompts: int, repeats: list[dict] | None = None) -> dict:
+    """The figures of one (n, G) configuration from its pooled runs; `repeats`: each framework/bare pair's
+    `ratios`, whose median, min and max are the headline's spread."""
     f_rows, b_rows = framework["steps"], bare["steps"]
     f_step, b_step = _median(f_rows, "step_s"), _median(b_rows, "step_s")
-    f_cpu, b_cpu = _median(f_rows, "cpu_s"), _median(b_rows, "cpu_s")
+    f_cpu, b_cpu = statistics.median(map(_total_cpu, f_rows)), statistics.median(map(_total_cpu, b_rows))
     phases = {p: _median(f_rows, p) for p in PHASES}
     total = sum(phases.values())
+    repeats = repeats or [ratios(framework, bare)]
+    spread = {kind: {"median": statistics.median(r[kind] for r in repeats), "min": min(r[kind] for r in repeats),
+                     "max": max(r[kind] for r in repeats)} for kind in ("cpu", "wall")}
     return {
         "n": n, "G": G, "prompts": prompts, "steps_timed": len(f_rows),
         "framework_step_s": f_step, "bare_step_s": b_step, "framework_cpu_s": f_cpu, "bare_cpu_s": b_cpu,
+        "framework_trainer_cpu_s": _median(f_rows, "cpu_s"), "bare_trainer_cpu_s": _median(b_rows, "cpu_s"),
+        "framework_engine_cpu_s": _median(f_rows, "engine_cpu_s"), "bare_engine_cpu_s": _median(b_rows, "engine_cpu_s"),
         "framework_over_bare": f_cpu / b_cpu, "framework_over_bare_wall": f_step / b_step,
+        "repeats": repeats, "spread": spread,
+        # every step's time in a timed phase but the remainder (`logging`: the Lightning loop, metrics, callbacks)
+        "outside_phases_share": statistics.median(r["logging"] / r["step_s"] for r in f_rows),
+        "bare_outside_phases_share": statistics.median(
+            (r["step_s"] - sum(r.get(p, 0.0) for p in PHASES[:-1])) / r["step_s"] for r in b_rows),
+        "slowest_step_over_median": max(r["step_s"] for r in f_rows) / f_step,
+        "bare_slowest_step_over_median": max(r["step_s"] for r in b_rows) / b_step,
         "phase_s": phases, "phase_share": {p: s / total for p, s in phases.items()},
         "reward_plus_exchange_share": (phases["reward"] + phases["exchange"]) / total,
         "bare_phase_s": {p: _median(b_rows, p) for p in ("rollout", "reward", "exchange", "old_logprobs", "update",
@@ -421,12 +469,23 @@ def summarise(framework: dict, bare: dict, n: int, G: int, prompts: int) -> dict
     }
 
 
-def _job(path: str, names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str) -> dict:
+def _job(path: str, names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str,
+         profile: str = "") -> dict:
+    """One path's run in this (fresh) process; with `profile`, under cProfile, its statistics written there
+    (the whole run: building, warm-up and timed steps; `pstats` sorts them)."""
     import warnings
 
     warnings.filterwarnings("ignore")
     run = run_framework if path == "framework" else run_bare
-    return run(names, group, prompts, steps, warmup, backend)
+    if not profile:
+        return run(names, group, prompts, steps, warmup, backend)
+    import cProfile
+
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(run, names, group, prompts, steps, warmup, backend)
+    finally:
+        profiler.dump_stats(profile)
 
 
 def _pool(before: dict | None, run: dict) -> dict:
@@ -446,18 +505,24 @@ def run(args) -> dict:
     pairs = configurations(args)
     if max(n for n, _ in pairs) > len(agents):
         raise SystemExit(f"--n asks for {max(n for n, _ in pairs)} agents but --agents names {len(agents)}")
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     started = time.perf_counter()
     results = []
     for index, (n, G) in enumerate(pairs):
-        paths = {}
+        paths, repeats = {}, []
         for _ in range(max(1, args.headline_repeats) if index == 0 else 1):
-            for path in ("framework", "bare"):
+            pair = {}
+            for path in ("framework", "bare"):  # interleaved: framework, bare, framework, bare, ...
                 with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-                    done = pool.submit(_job, path, agents[:n], G, args.prompts, args.steps, args.warmup,
-                                       args.backend).result()
-                paths[path] = _pool(paths.get(path), done)
-        results.append(summarise(paths["framework"], paths["bare"], n, G, args.prompts))
+                    profile = (str(Path(args.profile) / f"{path}.prof")
+                               if args.profile and index == 0 and not repeats else "")
+                    pair[path] = pool.submit(_job, path, agents[:n], G, args.prompts, args.steps, args.warmup,
+                                             args.backend, profile).result()
+                paths[path] = _pool(paths.get(path), pair[path])
+            repeats.append(ratios(pair["framework"], pair["bare"]))
+        results.append(summarise(paths["framework"], paths["bare"], n, G, args.prompts, repeats))
         print(f"  n={n} G={G}: framework {results[-1]['framework_step_s']:.3f} s/step, "
               f"bare {results[-1]['bare_step_s']:.3f} s/step", flush=True)
     head = results[0]
@@ -472,6 +537,8 @@ def run(args) -> dict:
         "backend": args.backend,
         "framework_over_bare": head["framework_over_bare"],
         "framework_over_bare_wall": head["framework_over_bare_wall"],
+        "spread": head["spread"], "outside_phases_share": head["outside_phases_share"],
+        "slowest_step_over_median": head["slowest_step_over_median"],
         "phase_share": head["phase_share"],
         "reward_plus_exchange_share": head["reward_plus_exchange_share"],
         "configs": results,
@@ -496,6 +563,15 @@ def print_report(result: dict) -> None:
     print_table(rows, ["n", "G", "framework_step_s", "bare_step_s", "framework_cpu_s", "bare_cpu_s", "cpu_ratio",
                        "wall_ratio", "rew+exch", "roll_tok/s",
                        "train_tok/s", "bare_train_tok/s", "rss_mb", "bare_rss_mb"])
-    print(f"\nframework_over_bare = {result['framework_over_bare']:.3f} CPU time "
-          f"({result['framework_over_bare_wall']:.3f} wall; target <= 1.10); reward + exchange = "
-          f"{100 * result['reward_plus_exchange_share']:.1f}% of the step (target <= 5%)")
+    spread = result["spread"]
+    print(f"\nframework_over_bare = {result['framework_over_bare']:.3f} CPU time, trainer and engine processes "
+          f"({result['framework_over_bare_wall']:.3f} wall; target <= 1.10); over {len(head['repeats'])} interleaved "
+          f"repeats: CPU {spread['cpu']['median']:.3f} ({spread['cpu']['min']:.3f}, {spread['cpu']['max']:.3f}), "
+          f"wall {spread['wall']['median']:.3f} ({spread['wall']['min']:.3f}, {spread['wall']['max']:.3f})")
+    print(f"engine processes' CPU: {head['framework_engine_cpu_s']:.3f} s/step framework, "
+          f"{head['bare_engine_cpu_s']:.3f} bare; outside the timed phases: "
+          f"{100 * result['outside_phases_share']:.1f}% of the framework's step "
+          f"({100 * head['bare_outside_phases_share']:.1f}% of the bare loop's); slowest step "
+          f"{result['slowest_step_over_median']:.2f}x the median "
+          f"(bare {head['bare_slowest_step_over_median']:.2f}x)")
+    print(f"reward + exchange = {100 * result['reward_plus_exchange_share']:.1f}% of the step (target <= 5%)")
