@@ -120,6 +120,27 @@ def compose(agent_names: list[str], group: int, prompts: int, steps: int, run_di
     return cfg
 
 
+class GcClock:
+    """Seconds spent in Python's garbage collector since `start` (its `gc.callbacks`), and the collections of
+    the oldest generation: a full collection walks every object of the heap, and vLLM's and pydantic's
+    imports put millions there."""
+
+    def __init__(self):
+        self.seconds, self.full, self._t = 0.0, 0, None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        elif self._t is not None:
+            self.seconds += time.perf_counter() - self._t
+            self.full += info.get("generation") == 2
+            self._t = None
+
+
+GC = GcClock()
+
+
 class PhaseMemory:
     """The phase now running (set by `mark`) and the peak RSS seen in each phase (a 5 ms sampler thread)."""
 
@@ -305,6 +326,7 @@ class StepRecorder(Callback):
         row["step_s"] = time.perf_counter() - self._start
         row["cpu_s"] = time.process_time() - self._cpu_start
         row["engine_cpu_s"] = engine_cpu_s() - self._engine_cpu_start
+        row["gc_s"], row["gc_full"] = GC.seconds - self._gc_start[0], GC.full - self._gc_start[1]
         metrics = self.module.last_metrics
         for phase in ("rollout", "reward", "exchange", "old_logprobs", "update"):
             row[phase] = float(metrics[f"time/{phase}"])
@@ -318,6 +340,7 @@ class StepRecorder(Callback):
         self.memory.scan = self._scan if len(self.steps) < self.warmup else None
         self.current = defaultdict(float)
         self._start, self._cpu_start, self._engine_cpu_start = time.perf_counter(), time.process_time(), engine_cpu_s()
+        self._gc_start = (GC.seconds, GC.full)
 
     def _scan(self) -> None:
         copies = weight_copies(self.module.agents.values(), self.module.trainer.optimizers)
@@ -387,7 +410,7 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
     for step in range(warmup + steps):
         examples = [train_set[i] for i in sampler.indices(step)]
         marks.clear()
-        t0, cpu0, engine0 = time.perf_counter(), time.process_time(), engine_cpu_s()
+        t0, cpu0, engine0, gc0 = time.perf_counter(), time.process_time(), engine_cpu_s(), (GC.seconds, GC.full)
         done = reference.hacpo_step(loaded, optimizers, full_length, examples, window, cfg=cfg, step=step, phase=phase)
         phase("weight_sync")
         for k, engine in engines.items():  # the engines answer with the updated weights next step
@@ -395,6 +418,7 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
         end = time.perf_counter()
         row = {label: later - at for (label, at), (_, later) in zip(marks, [*marks[1:], ("end", end)])}
         row.update(step_s=end - t0, cpu_s=time.process_time() - cpu0, engine_cpu_s=engine_cpu_s() - engine0,
+                   gc_s=GC.seconds - gc0[0], gc_full=GC.full - gc0[1],
                    rollout_tokens=sum(len(r.token_ids) for r in done.rollouts),
                    trained_tokens=sum(int(view.loss_mask.sum()) for view in done.views.values()))
         out.append(row)
@@ -446,6 +470,10 @@ def summarise(framework: dict, bare: dict, n: int, G: int, prompts: int, repeats
         "outside_phases_share": statistics.median(r["logging"] / r["step_s"] for r in f_rows),
         "bare_outside_phases_share": statistics.median(
             (r["step_s"] - sum(r.get(p, 0.0) for p in PHASES[:-1])) / r["step_s"] for r in b_rows),
+        "gc_s": _median(f_rows, "gc_s"), "bare_gc_s": _median(b_rows, "gc_s"),
+        "gc_full_per_step": statistics.mean(r.get("gc_full", 0) for r in f_rows),
+        "bare_gc_full_per_step": statistics.mean(r.get("gc_full", 0) for r in b_rows),
+        "threads": framework["threads"], "bare_threads": bare["threads"],
         "slowest_step_over_median": max(r["step_s"] for r in f_rows) / f_step,
         "bare_slowest_step_over_median": max(r["step_s"] for r in b_rows) / b_step,
         "phase_s": phases, "phase_share": {p: s / total for p, s in phases.items()},
@@ -574,4 +602,7 @@ def print_report(result: dict) -> None:
           f"({100 * head['bare_outside_phases_share']:.1f}% of the bare loop's); slowest step "
           f"{result['slowest_step_over_median']:.2f}x the median "
           f"(bare {head['bare_slowest_step_over_median']:.2f}x)")
+    print(f"garbage collection: {head['gc_s']:.3f} s/step framework ({head['gc_full_per_step']:.1f} full), "
+          f"{head['bare_gc_s']:.3f} bare ({head['bare_gc_full_per_step']:.1f} full); torch threads "
+          f"{head['threads']} framework, {head['bare_threads']} bare")
     print(f"reward + exchange = {100 * result['reward_plus_exchange_share']:.1f}% of the step (target <= 5%)")

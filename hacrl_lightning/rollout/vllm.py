@@ -230,9 +230,8 @@ class VLLMEngine:
         self.state = "awake"
         """`awake`; `parked` (level 1: weights in host memory, no KV cache; after the build); `asleep` (level 2:
         neither, until the next sync); `weights` (woken and synced, the KV cache still released)."""
-        shared = not in_process and weight_sync == "shared_memory"
-        if shared:  # the workers' side of the shared-memory sync (rollout/vllm_sync.py)
-            memory["worker_extension_cls"] = "hacrl_lightning.rollout.vllm_sync.SyncWorkerExtension"
+        if not in_process:  # what runs in the engine's workers: the shared-memory sync, a short idle spin
+            memory["worker_extension_cls"] = "hacrl_lightning.rollout.vllm_worker.WorkerExtension"
         with _engine_environment(in_process=in_process):
             self.llm = vllm.LLM(
                 model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
@@ -240,9 +239,16 @@ class VLLMEngine:
                 generation_config="vllm", skip_tokenizer_init=True, **memory,
                 **(dict(enable_sleep_mode=True) if sleep else {}),
             )
+        self.idle_spin_s = []
+        """Each of the engine's workers' idle spins, seconds (own process: `vllm_worker.ENGINE_SPIN_S`)."""
+        if not in_process:
+            from hacrl_lightning.rollout.vllm_worker import ENGINE_SPIN_S
+
+            self.idle_spin_s = [s for worker in self.llm.collective_rpc("hacrl_spin_briefly", args=(ENGINE_SPIN_S,))
+                                for s in worker]
         self.shared_memory = None
         """The shared-memory sync (`rollout.weight_sync=shared_memory`, own process), else None (file or tensors)."""
-        if shared:
+        if not in_process and weight_sync == "shared_memory":
             from hacrl_lightning.rollout.vllm_sync import SharedMemorySync
 
             self.shared_memory = SharedMemorySync(self.llm, dtype=self.dtype, bucket_mb=weight_sync_mb,

@@ -3,7 +3,7 @@ buckets through one shared-memory buffer that the trainer and the engine's worke
 
 `SharedMemorySync` (trainer side) casts each weight to the engine's dtype straight into the buffer; when the next
 weight would not fit, the bucket is sent: one `collective_rpc` carrying only names, dtypes, shapes and offsets,
-and every worker (`SyncWorkerExtension`, vLLM's `worker_extension_cls`) loads those tensors. A sync is one vLLM
+and every worker (`vllm_worker.WorkerExtension`, vLLM's `worker_extension_cls`) loads those tensors. A sync is one vLLM
 layerwise reload (the same `initialize_layerwise_reload` ... `finalize_layerwise_reload` that `reload_weights`
 runs, and that vLLM's own weight-transfer engines run around their chunks), so a layer whose weights arrive over
 two buckets is processed (repacked for the CPU kernels) once it is complete. Workers copy a bucket's tensors out
@@ -20,7 +20,6 @@ and engines in the trainer's process (they take the tensors themselves).
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -54,7 +53,7 @@ def bucket_plan(items: Iterable[tuple[str, torch.Tensor]], *, dtype: torch.dtype
 
 class SharedMemorySync:
     """Trainer side of the shared-memory weight sync of one engine (`llm`: a `vllm.LLM` built with
-    `worker_extension_cls=SyncWorkerExtension`). `bucket_mb`: the buffer's size in MiB (`rollout.weight_sync_mb`),
+    `worker_extension_cls=vllm_worker.WorkerExtension`). `bucket_mb`: the buffer's size in MiB (`rollout.weight_sync_mb`),
     raised to the largest tensor where one is larger (a tensor is never split)."""
 
     def __init__(self, llm, *, dtype: torch.dtype, bucket_mb: float, near: Path):
@@ -109,41 +108,3 @@ class SharedMemorySync:
 
     def close(self) -> None:
         self.buffer = None
-
-
-class SyncWorkerExtension:
-    """Engine side, mixed into each vLLM worker (`worker_extension_cls`): the `hacrl_*` calls of
-    `SharedMemorySync`. Names carry the prefix so that they cannot clash with the worker's own."""
-
-    def hacrl_map_buffer(self, path: str, nbytes: int) -> None:
-        self.hacrl_buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-
-    def hacrl_begin_weights(self) -> None:
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(self.model_runner.get_model())
-
-    def hacrl_load_bucket(self, entries: list) -> None:
-        from vllm.config import set_current_vllm_config
-
-        def tensors():
-            for name, dtype, shape, offset in entries:
-                dtype = getattr(torch, dtype)
-                nbytes = math.prod(shape) * dtype.itemsize
-                view = self.hacrl_buffer[offset:offset + nbytes].view(dtype).view(shape)
-                yield name, view.clone()  # out of the buffer: it is refilled by the next bucket
-
-        with set_current_vllm_config(self.vllm_config):
-            self.model_runner.get_model().load_weights(tensors())
-
-    def hacrl_end_weights(self) -> None:
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        runner = self.model_runner
-        with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(runner.get_model(), runner.model_config)
-        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as `reload_weights` does
-            getattr(runner, reset, lambda: None)()

@@ -1,0 +1,71 @@
+"""What runs inside a vLLM engine's worker process (vLLM's `worker_extension_cls`, given by `VLLMEngine` to every
+engine in a process of its own): the engine side of the shared-memory weight sync (`vllm_sync.SharedMemorySync`)
+and a shorter idle spin.
+
+The idle spin: vLLM's worker reads its requests from a shared-memory queue and, after each one, busy-waits
+(`sched_yield` in a loop) for a second before it sleeps on a socket (`SpinCondition.busy_loop_s = 1`, not a
+setting in vLLM 0.32). An RL step leaves each engine idle between its rollout and its weight sync, so every
+engine burnt a CPU core for the second after each of its calls: 1.02 s of CPU per second idle, measured, and
+on a 2-core machine those spins took the cores from the trainer's update. `hacrl_spin_briefly` lowers it to
+`ENGINE_SPIN_S`, long enough for the next decoding step of a generation to be read without a wake-up.
+Deliberately not here: anything the trainer's process runs (`vllm.py`, `vllm_sync.py`).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import torch
+
+ENGINE_SPIN_S = 0.01
+"""How long an engine's worker spins for its next message before it sleeps (vLLM's own: 1 s)."""
+
+
+class WorkerExtension:
+    """Mixed into each vLLM worker of an engine in its own process (`worker_extension_cls`): the `hacrl_*`
+    calls. Names carry the prefix so that they cannot clash with the worker's own."""
+
+    def hacrl_spin_briefly(self, seconds: float) -> list[float]:
+        """Let every shared-memory queue this process reads spin at most `seconds` after a message before it
+        waits on its socket; returns the values now set (one per queue)."""
+        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+        readers = [obj for obj in gc.get_objects() if isinstance(obj, SpinCondition) and obj.is_reader]
+        for reader in readers:
+            reader.busy_loop_s = min(reader.busy_loop_s, seconds)
+        return [reader.busy_loop_s for reader in readers]
+
+
+    def hacrl_map_buffer(self, path: str, nbytes: int) -> None:
+        self.hacrl_buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+
+    def hacrl_begin_weights(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.model_runner.get_model())
+
+    def hacrl_load_bucket(self, entries: list) -> None:
+        from vllm.config import set_current_vllm_config
+
+        def tensors():
+            for name, dtype, shape, offset in entries:
+                dtype = getattr(torch, dtype)
+                nbytes = math.prod(shape) * dtype.itemsize
+                view = self.hacrl_buffer[offset:offset + nbytes].view(dtype).view(shape)
+                yield name, view.clone()  # out of the buffer: it is refilled by the next bucket
+
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.get_model().load_weights(tensors())
+
+    def hacrl_end_weights(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        runner = self.model_runner
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(runner.get_model(), runner.model_config)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as `reload_weights` does
+            getattr(runner, reset, lambda: None)()
