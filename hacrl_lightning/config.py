@@ -477,7 +477,8 @@ class TrainerConfig:
     on every this many steps (the 10th, 20th, ...; 0: never). It costs about one more forward and backward
     pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics).
     Algorithms whose learners train on their own responses only (grpo, gspo, gspo_x2) have nothing to measure:
-    it does not run for them."""
+    it does not run for them. The rollout/trainer mismatch of engines that report log-probs cheaply (vLLM,
+    `{agent}/rollout/logp_diff_*`) is measured on the 1st, (k+1)th, (2k+1)th ... steps (steps 0, k, 2k, ...)."""
     placement: str = setting("shared", implied="shared")
     """Where the agents live (docs/training.md#placement): `shared`, every rank holds every agent (each FSDP2-
     sharded over all ranks); `split`, the ranks are divided into one group per agent (`agents.<key>.ranks`)

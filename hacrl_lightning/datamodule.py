@@ -126,14 +126,16 @@ class RolloutDataModule(pl.LightningDataModule):
     multiplier; share_rollouts: whether a learner's view holds every agent's responses; steps, seed:
     the run's budget and seed; engine_dir: where an engine may write weights (vLLM); engine_logprobs:
     ask every engine for the sampled tokens' log-probs (the truncated importance-sampling correction
-    needs them); an engine that reports them at no cost (`free_logprobs`: vLLM) is always asked, for the
-    rollout/trainer mismatch metric; placement: which agents live on this rank (`agents` are those; default:
+    needs them); an engine that reports them cheaply (`free_logprobs`: vLLM) is asked on every
+    `mismatch_every`-th step (0, k, 2k, ...; 0: never), for the rollout/trainer mismatch metric (asked every step
+    they cost the engine a log-softmax and the trainer a Python object per token: +0.02-0.06 s per generation of
+    4 prompts x G = 4 on vLLM's CPU build, docs/PERFORMANCE.md); placement: which agents live on this rank (`agents` are those; default:
     every agent here); residency: brings an offloaded agent's weights back while an engine that generates with
     them (transformers) does (`trainer.offload_idle`)."""
 
     def __init__(self, agents: dict[str, Agent], *, train_set: PromptDataset, eval_set: PromptDataset,
                  data: DataConfig, rollout: RolloutConfig, responses_per_prompt: int, share_rollouts: bool,
-                 steps: int, seed: int, engine_dir: Path, engine_logprobs: bool = False,
+                 steps: int, seed: int, engine_dir: Path, engine_logprobs: bool = False, mismatch_every: int = 1,
                  placement: Placement | None = None, residency: Residency | None = None):
         super().__init__()
         self.residency = residency or Residency(enabled=False)
@@ -147,6 +149,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.share_rollouts = share_rollouts
         self.steps, self.seed, self.engine_dir = steps, seed, Path(engine_dir)
         self.engine_logprobs = engine_logprobs
+        self.mismatch_every = mismatch_every
         self._task = (train_set, eval_set)
         self.reward = Reward.of(data.reward, data.rewards)
         """What scores a response (`data.reward`, or the weighted terms of `data.rewards`)."""
@@ -258,12 +261,13 @@ class RolloutDataModule(pl.LightningDataModule):
             return self.rollout(batch.examples, step=batch.step)
         return batch
 
-    def sampling(self, agent: Agent, *, n: int, seed: int) -> SamplingSettings:
-        """How `agent` samples its training responses: its own settings (`SamplingSettings.for_agent`), with
-        the engine's log-probs where they are wanted or free."""
+    def sampling(self, agent: Agent, *, n: int, seed: int, step: int) -> SamplingSettings:
+        """How `agent` samples its training responses at `step`: its own settings (`SamplingSettings.for_agent`),
+        with the engine's log-probs where they are needed (every step) or cheap and the mismatch is measured."""
         settings = SamplingSettings.for_agent(agent.cfg, n=n, seed=seed)
-        free = getattr(self.engines.get(agent.name), "free_logprobs", False)
-        return replace(settings, return_logprobs=self.engine_logprobs or free)
+        cheap = getattr(self.engines.get(agent.name), "free_logprobs", False)
+        measured = self.mismatch_every > 0 and step % self.mismatch_every == 0
+        return replace(settings, return_logprobs=self.engine_logprobs or (cheap and measured))
 
     def generate(self, examples: Sequence[Example], *, step: int, n: int) -> dict[str, list]:
         """Every agent answers every prompt n times with its own sampling: agent name -> flat Generations
@@ -272,7 +276,8 @@ class RolloutDataModule(pl.LightningDataModule):
         for name, agent in self.agents.items():
             j = self.names.index(name)
             prompt_ids = agent.encode_prompts([ex.prompt for ex in examples])
-            settings = self.sampling(agent, n=n, seed=step_seed(self.seed, step, 1000 * j + 7 * self._share[0]))
+            settings = self.sampling(agent, n=n, seed=step_seed(self.seed, step, 1000 * j + 7 * self._share[0]),
+                                     step=step)
             try:
                 with self._weights_for(name):
                     out[name] = self.engines[name].generate(prompt_ids, settings)

@@ -120,7 +120,8 @@ def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
     return datamodule_class(agents, train_set=train_set, eval_set=eval_set, data=cfg.data, rollout=cfg.rollout,
                              responses_per_prompt=cfg.responses_per_prompt, share_rollouts=cfg.algorithm.share_rollouts,
                              steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(cfg.run_dir) / "engine_dirs",
-                             engine_logprobs=cfg.algorithm.rollout_is_cap > 0, placement=placement,
+                             engine_logprobs=cfg.algorithm.rollout_is_cap > 0,
+                             mismatch_every=cfg.trainer.diagnostics_every, placement=placement,
                              residency=residency)
 
 

@@ -88,6 +88,8 @@ CASES = [
      "data.prompts_per_step"),
     ("engine_sleep_with_transformers", ["rollout.sleep=true"], "rollout.sleep"),
     ("placement_unknown", ["trainer.placement=spread"], "trainer.placement"),
+    ("weight_sync_unknown", ["rollout.weight_sync=nccl"], "rollout.weight_sync"),
+    ("weight_sync_bucket_not_positive", ["rollout.weight_sync_mb=0"], "rollout.weight_sync_mb"),
 ]
 
 

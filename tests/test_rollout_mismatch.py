@@ -107,3 +107,33 @@ def test_with_the_correction_the_run_reports_the_mismatch_and_weights_near_one(t
         assert 0.0 <= mismatch["mean"] <= mismatch["max"] < MISMATCH_FP32, (name, mismatch)
     plain = run(tmp_path / "plain", zoo_cache)
     assert all(row["rollout_logp_diff"] is None for row in plain["agents"].values())
+
+
+class CheapLogprobEngine:
+    """Stands for a vLLM engine where only its `free_logprobs` flag is read (no engine is built here)."""
+
+    free_logprobs = True
+
+
+@pytest.mark.parametrize("overrides, asked", [
+    ([], [True] + [False] * 9 + [True, False]),                                  # steps 0 and 10 (every 10)
+    (["trainer.diagnostics_every=3"], [True, False, False, True, False, False, True, False, False, True, False, False]),
+    (["trainer.diagnostics_every=0"], [False] * 12),                              # never measured
+    (["algorithm.rollout_is_cap=2", "trainer.diagnostics_every=0"], [True] * 12),  # the correction needs them always
+])
+def test_cheap_engine_log_probs_are_asked_only_on_the_steps_that_measure_the_mismatch(load_zoo_agent, tmp_path,
+                                                                                     overrides, asked):
+    """An engine that reports log-probs cheaply (vLLM) is asked for them on steps 0, k, 2k, ... only (k =
+    `trainer.diagnostics_every`), unless the truncated importance-sampling correction needs them every step;
+    the transformers engine (not cheap) only for the correction."""
+    from hacrl_lightning.training import make_datamodule
+
+    cfg, _ = compose_config([f"run_dir={tmp_path / 'run'}", *overrides])
+    agents = {name: load_zoo_agent(name) for name in cfg.agents}
+    datamodule = make_datamodule(cfg, agents)
+    first = next(iter(agents.values()))
+    datamodule.engines = {first.name: CheapLogprobEngine()}
+    assert [datamodule.sampling(first, n=2, seed=0, step=step).return_logprobs for step in range(12)] == asked
+    other = list(agents.values())[1]  # no engine registered: the transformers backend's case (not cheap)
+    assert [datamodule.sampling(other, n=2, seed=0, step=step).return_logprobs for step in range(12)] == \
+        [cfg.algorithm.rollout_is_cap > 0] * 12

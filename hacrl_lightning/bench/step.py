@@ -277,8 +277,8 @@ def fixed_length_datamodule():
     class FixedLengthDataModule(RolloutDataModule):
         counts = None
 
-        def sampling(self, agent, *, n, seed):
-            settings = super().sampling(agent, n=n, seed=seed)
+        def sampling(self, agent, *, n, seed, step):
+            settings = super().sampling(agent, n=n, seed=seed, step=step)
             return replace(settings, min_new_tokens=settings.max_new_tokens)
 
         def rollout(self, examples, *, step):
