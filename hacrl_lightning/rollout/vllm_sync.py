@@ -32,25 +32,6 @@ ALIGN = 64
 SHM_DIR = Path("/dev/shm")
 
 
-def bucket_plan(items: Iterable[tuple[str, torch.Tensor]], *, dtype: torch.dtype,
-                bucket_bytes: int) -> Iterable[list[tuple[str, torch.Tensor, int]]]:
-    """Group (name, tensor) pairs, in order, into buckets of at most `bucket_bytes` each once cast to `dtype`
-    (floating tensors; others keep theirs): lists of (name, tensor, byte offset). A tensor larger than the
-    bucket travels alone (the buffer is sized for the largest tensor, `SharedMemorySync`). Lazy: `items` is
-    read one tensor ahead of the bucket being filled, so gathering FSDP2 shards stays one tensor at a time."""
-    bucket, used = [], 0
-    for name, tensor in items:
-        size = tensor.numel() * (dtype if tensor.is_floating_point() else tensor.dtype).itemsize
-        start = -(-used // ALIGN) * ALIGN
-        if bucket and start + size > bucket_bytes:
-            yield bucket
-            bucket, start = [], 0
-        bucket.append((name, tensor, start))
-        used = start + size
-    if bucket:
-        yield bucket
-
-
 class SharedMemorySync:
     """Trainer side of the shared-memory weight sync of one engine (`llm`: a `vllm.LLM` built with
     `worker_extension_cls=vllm_worker.WorkerExtension`). `bucket_mb`: the buffer's size in MiB (`rollout.weight_sync_mb`),
@@ -82,29 +63,30 @@ class SharedMemorySync:
             Path(path).unlink(missing_ok=True)
 
     def push(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Send every (name, tensor) of `items` (full tensors, read lazily) to the engine, one bucket at a time."""
+        """Send every (name, tensor) of `items` (full tensors, read lazily) to the engine, one bucket at a time:
+        each tensor is copied into the buffer as it arrives (under FSDP2 it is gathered just before), so the
+        trainer holds at most the buffer and one full tensor beyond its own weights."""
         self.llm.collective_rpc("hacrl_begin_weights")
-        sent = 0
+        entries, used, sent = [], 0, 0
         try:
-            for bucket in bucket_plan(items, dtype=self.dtype, bucket_bytes=self.bucket_bytes):
-                _, last, start = bucket[-1]
-                end = start + last.numel() * self._cast(last).itemsize
-                self._ensure_buffer(max(end, self.bucket_bytes))
-                entries = []
-                for name, tensor, offset in bucket:
-                    dtype = self._cast(tensor)
-                    nbytes = tensor.numel() * dtype.itemsize
-                    view = self.buffer[offset:offset + nbytes].view(dtype).view(tensor.shape)
-                    view.copy_(tensor.detach())  # the cast, straight into the buffer (from GPU: the copy to host)
-                    entries.append((name, str(dtype).removeprefix("torch."), list(tensor.shape), offset))
+            for name, tensor in items:
+                dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
+                nbytes = tensor.numel() * dtype.itemsize
+                start = -(-used // ALIGN) * ALIGN
+                if entries and start + nbytes > max(self.bucket_bytes, self.buffer_bytes):  # full: send it
+                    self.llm.collective_rpc("hacrl_load_bucket", args=(entries,))
+                    entries, start, sent = [], 0, sent + 1
+                self._ensure_buffer(max(start + nbytes, self.bucket_bytes))  # grows only between buckets
+                view = self.buffer[start:start + nbytes].view(dtype).view(tensor.shape)
+                view.copy_(tensor.detach())  # the cast, straight into the buffer (from GPU: the copy to host)
+                entries.append((name, str(dtype).removeprefix("torch."), list(tensor.shape), start))
+                used = start + nbytes
+            if entries:
                 self.llm.collective_rpc("hacrl_load_bucket", args=(entries,))
                 sent += 1
         finally:
             self.llm.collective_rpc("hacrl_end_weights")
         self.buckets_sent = sent
-
-    def _cast(self, tensor: torch.Tensor) -> torch.dtype:
-        return self.dtype if tensor.is_floating_point() else tensor.dtype
 
     def close(self) -> None:
         self.buffer = None

@@ -15,11 +15,22 @@ from __future__ import annotations
 
 import gc
 import math
+from typing import Iterator
 
 import torch
 
 ENGINE_SPIN_S = 0.01
 """How long an engine's worker spins for its next message before it sleeps (vLLM's own: 1 s)."""
+
+
+def bucket_tensors(buffer: torch.Tensor, entries: list) -> Iterator[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of one bucket of the shared buffer (uint8), as `SharedMemorySync.push` describes
+    them: (name, dtype name, shape, byte offset). Copies: the reload may hold a partly loaded layer's tensors
+    past this bucket, and the buffer is refilled by the next."""
+    for name, dtype, shape, offset in entries:
+        dtype = getattr(torch, dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        yield name, buffer[offset:offset + nbytes].view(dtype).view(shape).clone()
 
 
 class WorkerExtension:
@@ -50,15 +61,8 @@ class WorkerExtension:
     def hacrl_load_bucket(self, entries: list) -> None:
         from vllm.config import set_current_vllm_config
 
-        def tensors():
-            for name, dtype, shape, offset in entries:
-                dtype = getattr(torch, dtype)
-                nbytes = math.prod(shape) * dtype.itemsize
-                view = self.hacrl_buffer[offset:offset + nbytes].view(dtype).view(shape)
-                yield name, view.clone()  # out of the buffer: it is refilled by the next bucket
-
         with set_current_vllm_config(self.vllm_config):
-            self.model_runner.get_model().load_weights(tensors())
+            self.model_runner.get_model().load_weights(bucket_tensors(self.hacrl_buffer, entries))
 
     def hacrl_end_weights(self) -> None:
         from vllm.config import set_current_vllm_config

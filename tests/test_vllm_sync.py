@@ -1,0 +1,93 @@
+"""The shared-memory weight sync's protocol, without vLLM: `SharedMemorySync.push` (trainer side) against
+`vllm_worker.bucket_tensors` (what each engine worker reads back), through a real shared-memory file. The
+engine's `collective_rpc` is replaced by `Worker` below, which maps the file and decodes each bucket as an engine
+worker does but loads into a dict instead of a vLLM model (there is no vLLM in this environment; the vLLM lane,
+tests/test_vllm.py, runs the same sync into real engines)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from hacrl_lightning.rollout.vllm_sync import ALIGN, SharedMemorySync
+from hacrl_lightning.rollout.vllm_worker import bucket_tensors
+
+
+class Worker:
+    """Stands in for one engine worker's `collective_rpc` calls (the `hacrl_*` methods)."""
+
+    def __init__(self):
+        self.calls, self.loaded, self.bucket_bytes, self.paths = [], {}, [], []
+        self.buffer = None
+
+    def collective_rpc(self, method, args=()):
+        self.calls.append(method)
+        if method == "hacrl_map_buffer":
+            path, nbytes = args
+            self.paths.append(Path(path))
+            self.buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        elif method == "hacrl_load_bucket":
+            (entries,) = args
+            end = max(offset + math.prod(shape) * getattr(torch, dtype).itemsize for _, dtype, shape, offset in entries)
+            self.bucket_bytes.append(end)
+            assert all(offset % ALIGN == 0 for *_, offset in entries)
+            self.loaded.update(bucket_tensors(self.buffer, entries))
+        return [None]
+
+
+def state(tied: bool) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    embed = torch.randn(300, 64)
+    out = {"model.embed_tokens.weight": embed, "model.layers.0.q.weight": torch.randn(64, 64),
+           "model.layers.0.k.weight": torch.randn(16, 64), "model.layers.0.norm.weight": torch.randn(64),
+           "model.layers.1.q.weight": torch.randn(64, 64), "position_ids": torch.arange(7)}
+    out["lm_head.weight"] = embed if tied else torch.randn(300, 64)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tied", [True, False])
+def test_every_weight_arrives_cast_and_exact_in_bounded_buckets(tmp_path, dtype, tied):
+    """Buckets of 20 KB asked: the 75 KB embedding comes first and raises the buffer to its size (a tensor is
+    never split), the layers' tensors then fill that buffer, and the head goes in a bucket of its own. Every
+    tensor arrives, bitwise equal to the trainer's cast to the
+    engine's dtype (integers keep theirs), tied names both present; no bucket exceeds the larger of the bucket
+    and the largest tensor; the buffer's file is gone once mapped; begin and end enclose the buckets."""
+    weights = state(tied)
+    worker = Worker()
+    sync = SharedMemorySync(worker, dtype=dtype, bucket_mb=20_000 / 2**20, near=tmp_path)
+    sync.push(iter(weights.items()))
+    assert worker.calls[0] == "hacrl_begin_weights" and worker.calls[-1] == "hacrl_end_weights"
+    assert set(worker.loaded) == set(weights)
+    for name, tensor in weights.items():
+        expected = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        assert worker.loaded[name].dtype == expected.dtype and torch.equal(worker.loaded[name], expected), name
+    largest = max(t.numel() * (dtype if t.is_floating_point() else t.dtype).itemsize for t in weights.values())
+    assert sync.buckets_sent == len(worker.bucket_bytes) == 3
+    assert max(worker.bucket_bytes) <= max(20_000, largest)
+    assert all(not path.exists() for path in worker.paths)
+    # a second sync reuses the mapped buffer and sends the new values
+    weights["model.layers.0.q.weight"].add_(1.0)
+    mapped = len(worker.paths)
+    sync.push(iter(weights.items()))
+    assert len(worker.paths) == mapped
+    assert torch.equal(worker.loaded["model.layers.0.q.weight"], weights["model.layers.0.q.weight"].to(dtype))
+
+
+def test_a_failing_bucket_still_ends_the_reload(tmp_path):
+    """An error while loading a bucket ends the engine's reload (`hacrl_end_weights`) before it propagates, so
+    the engine is not left in the middle of a layerwise reload."""
+    class Failing(Worker):
+        def collective_rpc(self, method, args=()):
+            if method == "hacrl_load_bucket":
+                self.calls.append(method)
+                raise RuntimeError("worker died")
+            return super().collective_rpc(method, args)
+
+    worker = Failing()
+    with pytest.raises(RuntimeError, match="worker died"):
+        SharedMemorySync(worker, dtype=torch.float32, bucket_mb=1.0, near=tmp_path).push(iter(state(True).items()))
+    assert worker.calls[-1] == "hacrl_end_weights"
