@@ -362,12 +362,13 @@ class RolloutConfig:
     one engine per process; refused elsewhere (docs/training.md#placement)."""
     vllm_in_process: bool = False
     """vLLM backend: each engine's worker in the trainer's process (weights pushed as tensors) rather than
-    in a process of its own (weights pushed through its model directory; the default: vLLM then cannot
-    patch the trainer's process, docs/training.md#the-vllm-backend)."""
+    in a process of its own (weights pushed as `weight_sync` says; the default: vLLM then cannot patch the
+    trainer's process, docs/training.md#the-vllm-backend)."""
     weight_sync: str = setting("shared_memory", harmless=True, unhashed=True, implied="file")
     """vLLM backend, engines in their own processes: how the weights reach an engine after each update.
-    `shared_memory`: in buckets of `weight_sync_mb` through one buffer in shared memory, never on disk and never
-    a whole copy of the model (rollout/vllm_sync.py); `file`: one safetensors file written to the engine's model
+    `shared_memory`: in buckets of `weight_sync_mb` through one buffer in `/dev/shm` (a file beside the engine's
+    model directory where `/dev/shm` is missing or full), never a whole copy of the model (rollout/vllm_sync.py);
+    `file`: one safetensors file written to the engine's model
     directory and read back (the portable fallback). Engines in the trainer's process take the tensors."""
     weight_sync_mb: float = setting(256.0, harmless=True, unhashed=True)
     """The shared-memory sync's bucket in MiB (raised to the largest tensor, which is never split): the sync's
@@ -477,8 +478,12 @@ class TrainerConfig:
     on every this many steps (the 10th, 20th, ...; 0: never). It costs about one more forward and backward
     pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics).
     Algorithms whose learners train on their own responses only (grpo, gspo, gspo_x2) have nothing to measure:
-    it does not run for them. The rollout/trainer mismatch of engines that report log-probs cheaply (vLLM,
-    `{agent}/rollout/logp_diff_*`) is measured on the 1st, (k+1)th, (2k+1)th ... steps (steps 0, k, 2k, ...)."""
+    it does not run for them."""
+    mismatch_every: int = setting(10, harmless=True)
+    """Measure the rollout/trainer mismatch (`{agent}/rollout/logp_diff_*`) of engines that report log-probs
+    cheaply (vLLM) on steps 0, k, 2k, ... (0: never): they are asked for the sampled tokens' log-probs only on
+    those steps (asked every step they cost about 10% of a tiny agent's step on vLLM's CPU build,
+    docs/PERFORMANCE.md). Every step where `algorithm.rollout_is_cap > 0` needs them."""
     placement: str = setting("shared", implied="shared")
     """Where the agents live (docs/training.md#placement): `shared`, every rank holds every agent (each FSDP2-
     sharded over all ranks); `split`, the ranks are divided into one group per agent (`agents.<key>.ranks`)
@@ -780,6 +785,7 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.progress_every", tr.progress_every, strict=False)
     c.positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips, strict=False)
     c.positive("trainer.diagnostics_every", tr.diagnostics_every, strict=False)
+    c.positive("trainer.mismatch_every", tr.mismatch_every, strict=False)
     c.positive("trainer.gpu_memory_gib", tr.gpu_memory_gib)
     if tr.mini_batch_prompts > 0 and cfg.data.prompts_per_step > 0:
         mini = tr.mini_batch_prompts

@@ -126,10 +126,10 @@ class RolloutDataModule(pl.LightningDataModule):
     multiplier; share_rollouts: whether a learner's view holds every agent's responses; steps, seed:
     the run's budget and seed; engine_dir: where an engine may write weights (vLLM); engine_logprobs:
     ask every engine for the sampled tokens' log-probs (the truncated importance-sampling correction
-    needs them); an engine that reports them cheaply (`free_logprobs`: vLLM) is asked on every
-    `mismatch_every`-th step (0, k, 2k, ...; 0: never), for the rollout/trainer mismatch metric (asked every step
-    they cost the engine a log-softmax and the trainer a Python object per token: +0.02-0.06 s per generation of
-    4 prompts x G = 4 on vLLM's CPU build, docs/PERFORMANCE.md); placement: which agents live on this rank (`agents` are those; default:
+    needs them); an engine that reports them cheaply (`free_logprobs`: vLLM) is asked on steps 0, k, 2k, ...
+    (k = `mismatch_every`, `trainer.mismatch_every`; 0: never), for the rollout/trainer mismatch metric (each
+    time they cost the engine a log-softmax and the trainer a Python object per token, docs/PERFORMANCE.md);
+    placement: which agents live on this rank (`agents` are those; default:
     every agent here); residency: brings an offloaded agent's weights back while an engine that generates with
     them (transformers) does (`trainer.offload_idle`)."""
 

@@ -121,7 +121,7 @@ def make_datamodule(cfg: TrainConfig, agents: dict[str, Agent],
                              responses_per_prompt=cfg.responses_per_prompt, share_rollouts=cfg.algorithm.share_rollouts,
                              steps=cfg.trainer.steps, seed=cfg.seed, engine_dir=Path(cfg.run_dir) / "engine_dirs",
                              engine_logprobs=cfg.algorithm.rollout_is_cap > 0,
-                             mismatch_every=cfg.trainer.diagnostics_every, placement=placement,
+                             mismatch_every=cfg.trainer.mismatch_every, placement=placement,
                              residency=residency)
 
 

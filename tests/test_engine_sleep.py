@@ -45,6 +45,7 @@ def fake_engine(tmp_path: Path, *, sleeps: bool) -> VLLMEngine:
     engine.model_dir, engine.eos_token_ids, engine.dtype = tmp_path, (2,), torch.float32
     engine.in_process, engine.platform, engine.sleeps, engine.state = False, "cuda", sleeps, "awake"
     engine.shared_memory = None  # the file sync: its rpc is what the fake records
+    engine.stale = False
     engine._vllm = SimpleNamespace(SamplingParams=lambda **kwargs: kwargs)
     engine.llm = FakeSleepingLLM()
     (tmp_path / "config.json").write_text("{}")
@@ -112,3 +113,19 @@ def test_engines_rest_after_training_rollouts_not_after_evaluation(zoo_cache):
     dm.evaluate(limit=2)
     assert rests == ["tiny_a", "tiny_b"]  # an evaluation is followed by the next step's rollout, not a sync
     dm.teardown("fit")
+
+
+def test_an_engine_whose_sync_failed_refuses_to_generate_until_a_sync_completes(tmp_path, monkeypatch):
+    """A push that fails half way may leave the engine with part old, part new weights: it does not answer
+    with them (one line saying why) until the next sync completes."""
+    engine = fake_engine(tmp_path, sleeps=False)
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(engine, "_push", lambda model: (_ for _ in ()).throw(OSError("no space left")))
+    with pytest.raises(OSError, match="no space left"):
+        engine.sync_weights(model)
+    with pytest.raises(RuntimeError, match="last weight sync failed"):
+        engine.generate([[1, 2]], sampling())
+    monkeypatch.setattr(engine, "_push", lambda model: None)
+    engine.sync_weights(model)
+    engine.generate([[1, 2]], sampling())
+    assert engine.llm.calls[-1] == ("generate", 1)

@@ -117,14 +117,14 @@ class CheapLogprobEngine:
 
 @pytest.mark.parametrize("overrides, asked", [
     ([], [True] + [False] * 9 + [True, False]),                                  # steps 0 and 10 (every 10)
-    (["trainer.diagnostics_every=3"], [True, False, False, True, False, False, True, False, False, True, False, False]),
-    (["trainer.diagnostics_every=0"], [False] * 12),                              # never measured
-    (["algorithm.rollout_is_cap=2", "trainer.diagnostics_every=0"], [True] * 12),  # the correction needs them always
+    (["trainer.mismatch_every=3"], [True, False, False, True, False, False, True, False, False, True, False, False]),
+    (["trainer.mismatch_every=0"], [False] * 12),                                 # never measured
+    (["algorithm.rollout_is_cap=2", "trainer.mismatch_every=0"], [True] * 12),     # the correction needs them always
 ])
 def test_cheap_engine_log_probs_are_asked_only_on_the_steps_that_measure_the_mismatch(load_zoo_agent, tmp_path,
                                                                                      overrides, asked):
     """An engine that reports log-probs cheaply (vLLM) is asked for them on steps 0, k, 2k, ... only (k =
-    `trainer.diagnostics_every`), unless the truncated importance-sampling correction needs them every step;
+    `trainer.mismatch_every`), unless the truncated importance-sampling correction needs them every step;
     the transformers engine (not cheap) only for the correction."""
     from hacrl_lightning.training import make_datamodule
 

@@ -150,7 +150,9 @@ def test_after_a_sync_the_engine_answers_as_the_trained_model(load_zoo_agent, tm
     if weight_sync == "shared_memory" and not in_process:
         assert engine.shared_memory.buckets_sent > 3  # the weights crossed in several buckets
     if not in_process:  # its worker spins briefly when idle (vLLM's own second burnt a core after every call)
-        assert engine.idle_spin_s and max(engine.idle_spin_s) <= ENGINE_SPIN_S
+        assert all(spin <= ENGINE_SPIN_S for spin in engine.idle_spin_s)
+        if vllm_platform() == "cpu":  # the CPU build's worker reads a shared-memory queue: it was found and set
+            assert engine.idle_spin_s
     after = greedy(agent, engine, prompt_ids)
     assert sum(a != b for a, b in zip(after, before)) >= 8  # the step changed many answers
     assert_same_greedy(agent, after, trainer_greedy(agent, prompt_ids), prompt_ids)
@@ -199,7 +201,8 @@ def test_train_script_with_vllm_rollouts_matches_a_transformers_evaluation(tmp_p
     every step; the held-out accuracy the synced engines measured at the end equals the transformers
     backend's greedy accuracy of the exported agents on the same prompts."""
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm", "trainer.steps=3",
+    done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm",
+                           "trainer.mismatch_every=1", "trainer.steps=3",
                            "data.eval_size=32", "rollout.group_size=4", f"run_dir={run}", f"zoo_cache={zoo_cache}",
                            "agents.tiny_a.gpu_memory_utilization=0.01", "agents.tiny_b.gpu_memory_utilization=0.01"],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
@@ -218,9 +221,8 @@ another CPU and is 1e4 below what a shifted or stale log-prob reads (~1)."""
 def assert_engines_answered_as_their_exports(run: Path, summary: dict, zoo_cache, *, updates_per_step: int) -> None:
     """Each agent: the update count of the step plan; the held-out accuracy its synced engine measured at
     the end equals transformers' greedy accuracy of its export; the engine's sampled log-probs were the
-    trainer's on every step it was measured (`rollout_logp_diff`, fp32: steps 0, k, 2k, ... with k =
-    `trainer.diagnostics_every`)."""
-    from hacrl_lightning.config import TrainerConfig
+    trainer's, every step (`rollout_logp_diff`, fp32: the runs set `trainer.mismatch_every=1`, so the steps
+    after a sync are measured too)."""
     from hacrl_lightning.agents import Agent
     from hacrl_lightning.rewards.exact_match import exact_match_reward
 
@@ -228,8 +230,7 @@ def assert_engines_answered_as_their_exports(run: Path, summary: dict, zoo_cache
     for name, row in summary["agents"].items():
         assert row["optimizer_updates"] == updates_per_step * summary["steps"], name
         mismatch = row["rollout_logp_diff"]
-        every = TrainerConfig().diagnostics_every
-        assert mismatch is not None and mismatch["steps"] == len(range(0, summary["steps"], every)), name
+        assert mismatch is not None and mismatch["steps"] == summary["steps"], name
         assert mismatch["max"] < MISMATCH_FP32, (name, mismatch)
         exported = Agent.load(name, _export_config(run / "exports" / name), zoo_cache=zoo_cache)
         answers = trainer_greedy(exported, exported.encode_prompts([ex.prompt for ex in examples]))
@@ -243,7 +244,8 @@ def test_three_agents_with_three_engines_in_the_trainers_process(tmp_path, zoo_c
     engines in one process, the case vLLM 0.33 changed): 2 steps complete with the step plan's update
     counts, the engines' final answers are the exports' and their log-probs the trainer's."""
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm", "rollout.vllm_in_process=true",
+    done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm",
+                           "trainer.mismatch_every=1", "rollout.vllm_in_process=true",
                            "agents=[tiny_a,tiny_b,tiny_c]", "trainer.steps=2", "data.eval_size=32",
                            "rollout.group_size=4", f"run_dir={run}", f"zoo_cache={zoo_cache}",
                            *[f"agents.{name}.gpu_memory_utilization=0.01" for name in ("tiny_a", "tiny_b", "tiny_c")]],
@@ -290,7 +292,8 @@ def test_split_placement_runs_one_engine_per_rank_and_they_answer_as_the_exports
     with the step plan's update counts, and the synced engines' final answers are a transformers evaluation's
     of the exports."""
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm", "trainer=fsdp", "trainer.accelerator=cpu",
+    done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm",
+                           "trainer.mismatch_every=1", "trainer=fsdp", "trainer.accelerator=cpu",
                            "trainer.devices=2", "trainer.precision=32-true", "trainer.placement=split", "trainer.steps=2",
                            "data.eval_size=32",
                            "rollout.group_size=4", f"run_dir={run}", f"zoo_cache={zoo_cache}",

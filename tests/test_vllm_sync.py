@@ -91,3 +91,30 @@ def test_a_failing_bucket_still_ends_the_reload(tmp_path):
     with pytest.raises(RuntimeError, match="worker died"):
         SharedMemorySync(worker, dtype=torch.float32, bucket_mb=1.0, near=tmp_path).push(iter(state(True).items()))
     assert worker.calls[-1] == "hacrl_end_weights"
+
+
+def test_a_full_shared_memory_folder_falls_back_beside_the_model(tmp_path, monkeypatch):
+    """Where `/dev/shm` cannot reserve the buffer (a container's is often 64 MiB), the buffer is a file beside
+    the engine's model directory instead of a sparse file whose first write past the space kills the process."""
+    import os
+
+    import hacrl_lightning.rollout.vllm_sync as vllm_sync
+
+    shm, near = tmp_path / "shm", tmp_path / "near"
+    shm.mkdir()
+    near.mkdir()
+    monkeypatch.setattr(vllm_sync, "SHM_DIR", shm)
+    reserve = os.posix_fallocate
+
+    def full(handle, offset, nbytes):
+        if Path(os.readlink(f"/proc/self/fd/{handle}")).parent == shm:
+            raise OSError(28, "No space left on device")
+        reserve(handle, offset, nbytes)
+
+    monkeypatch.setattr(vllm_sync.os, "posix_fallocate", full)
+    worker = Worker()
+    weights = state(tied=False)
+    SharedMemorySync(worker, dtype=torch.float32, bucket_mb=1.0, near=near).push(iter(weights.items()))
+    assert [path.parent for path in worker.paths] == [near]
+    assert all(torch.equal(worker.loaded[name], tensor) for name, tensor in weights.items())
+    assert not list(shm.iterdir()) and not list(near.iterdir())  # nothing left behind in either

@@ -138,7 +138,14 @@ class GcClock:
             self._t = None
 
 
-GC = GcClock()
+_GC: list[GcClock] = []
+
+
+def gc_clock() -> GcClock:
+    """The process's `GcClock`, installed on first use (a run of this module's paths, not its import)."""
+    if not _GC:
+        _GC.append(GcClock())
+    return _GC[0]
 
 
 class PhaseMemory:
@@ -326,7 +333,8 @@ class StepRecorder(Callback):
         row["step_s"] = time.perf_counter() - self._start
         row["cpu_s"] = time.process_time() - self._cpu_start
         row["engine_cpu_s"] = engine_cpu_s() - self._engine_cpu_start
-        row["gc_s"], row["gc_full"] = GC.seconds - self._gc_start[0], GC.full - self._gc_start[1]
+        clock = gc_clock()
+        row["gc_s"], row["gc_full"] = clock.seconds - self._gc_start[0], clock.full - self._gc_start[1]
         metrics = self.module.last_metrics
         for phase in ("rollout", "reward", "exchange", "old_logprobs", "update"):
             row[phase] = float(metrics[f"time/{phase}"])
@@ -340,7 +348,7 @@ class StepRecorder(Callback):
         self.memory.scan = self._scan if len(self.steps) < self.warmup else None
         self.current = defaultdict(float)
         self._start, self._cpu_start, self._engine_cpu_start = time.perf_counter(), time.process_time(), engine_cpu_s()
-        self._gc_start = (GC.seconds, GC.full)
+        self._gc_start = (gc_clock().seconds, gc_clock().full)
 
     def _scan(self) -> None:
         copies = weight_copies(self.module.agents.values(), self.module.trainer.optimizers)
@@ -410,7 +418,8 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
     for step in range(warmup + steps):
         examples = [train_set[i] for i in sampler.indices(step)]
         marks.clear()
-        t0, cpu0, engine0, gc0 = time.perf_counter(), time.process_time(), engine_cpu_s(), (GC.seconds, GC.full)
+        clock = gc_clock()
+        t0, cpu0, engine0, gc0 = time.perf_counter(), time.process_time(), engine_cpu_s(), (clock.seconds, clock.full)
         done = reference.hacpo_step(loaded, optimizers, full_length, examples, window, cfg=cfg, step=step, phase=phase)
         phase("weight_sync")
         for k, engine in engines.items():  # the engines answer with the updated weights next step
@@ -418,7 +427,7 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
         end = time.perf_counter()
         row = {label: later - at for (label, at), (_, later) in zip(marks, [*marks[1:], ("end", end)])}
         row.update(step_s=end - t0, cpu_s=time.process_time() - cpu0, engine_cpu_s=engine_cpu_s() - engine0,
-                   gc_s=GC.seconds - gc0[0], gc_full=GC.full - gc0[1],
+                   gc_s=clock.seconds - gc0[0], gc_full=clock.full - gc0[1],
                    rollout_tokens=sum(len(r.token_ids) for r in done.rollouts),
                    trained_tokens=sum(int(view.loss_mask.sum()) for view in done.views.values()))
         out.append(row)
@@ -540,9 +549,10 @@ def run(args) -> dict:
     results = []
     for index, (n, G) in enumerate(pairs):
         paths, repeats = {}, []
-        for _ in range(max(1, args.headline_repeats) if index == 0 else 1):
+        for repeat in range(max(1, args.headline_repeats) if index == 0 else 1):
             pair = {}
-            for path in ("framework", "bare"):  # interleaved: framework, bare, framework, bare, ...
+            # interleaved, each path first in turn: framework, bare, bare, framework, framework, bare, ...
+            for path in ("framework", "bare") if repeat % 2 == 0 else ("bare", "framework"):
                 with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
                     profile = (str(Path(args.profile) / f"{path}.prof")
                                if args.profile and index == 0 and not repeats else "")

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from hacrl_lightning.bench.report import print_table
+from hacrl_lightning.config import RolloutConfig
 
 MB = 2**20
 COLUMNS = ["agent", "params_m", "dtype", "method", "bucket_mb", "buckets", "sync_s", "sync_s_min", "sync_s_max",
@@ -34,7 +35,8 @@ COLUMNS = ["agent", "params_m", "dtype", "method", "bucket_mb", "buckets", "sync
 def add_arguments(parser) -> None:
     parser.add_argument("--agents", default="tiny_b,tiny_qwen3", help="agent presets, one engine per method each")
     parser.add_argument("--methods", default="file,shared_memory", help="rollout.weight_sync values to time")
-    parser.add_argument("--bucket-mb", type=float, default=256.0, help="rollout.weight_sync_mb of shared_memory")
+    parser.add_argument("--bucket-mb", type=float, default=RolloutConfig.weight_sync_mb,
+                        help="rollout.weight_sync_mb of shared_memory")
     parser.add_argument("--repeats", type=int, default=5, help="timed syncs per agent and method")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
 

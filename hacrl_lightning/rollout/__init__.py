@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from hacrl_lightning.config import RolloutConfig
 from hacrl_lightning.placement import DEFAULT_SHARE
 from hacrl_lightning.rollout.engine import (
     BACKENDS,
@@ -52,7 +53,8 @@ def make_engine(backend: str, model: torch.nn.Module, **options) -> RolloutEngin
 def engine_options(agent, backend: str, *, batch_size: int, seed: int = 0,
                    gpu_memory_utilization: float | None = None, export_to: str | os.PathLike | None = None,
                    in_process: bool = False, writes: bool | None = None, sleep: bool = False,
-                   weight_sync: str = "shared_memory", weight_sync_mb: float = 256.0) -> dict:
+                   weight_sync: str = RolloutConfig.weight_sync,
+                   weight_sync_mb: float = RolloutConfig.weight_sync_mb) -> dict:
     """`make_engine` options for one agent (an `Agent`: token ids, lengths, export).
 
     vLLM loads weights from a Hugging Face dir, so the agent is first exported to `export_to`

@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from hacrl_lightning.config import RolloutConfig
 from hacrl_lightning.rollout.engine import Generation, SamplingSettings
 
 INSTALL_HINT = ("the vLLM backend needs the optional extra: pip install -e '.[vllm]' on a machine with a "
@@ -199,7 +200,8 @@ class VLLMEngine:
     """One `vllm.LLM` for one agent. `model_dir` is the agent exported as a HF dir (also the sync dir).
 
     `in_process`: the engine's worker lives in the trainer's process (weights pushed as tensors), else in
-    a process of its own (vLLM's default; weights pushed through `model_dir`). On CUDA the memory share
+    a process of its own (vLLM's default; weights pushed through shared memory, or `model_dir` with
+    `weight_sync="file"`). On CUDA the memory share
     is vLLM's `gpu_memory_utilization`; on vLLM's CPU platform it is the share of this machine's memory
     its KV cache takes (`cpu_kv_cache_bytes`)."""
 
@@ -207,13 +209,15 @@ class VLLMEngine:
     """The engine has its own copy of the weights (a sync pushes them): the trainer's may be offloaded while it
     generates (`trainer.offload_idle`)."""
     free_logprobs = True
-    """vLLM samples from log-probs it has already computed: reporting the sampled token's costs nothing, so
-    the trainer always asks, for the rollout/trainer mismatch metric (docs/training.md#the-vllm-backend)."""
+    """vLLM reports the sampled token's log-prob cheaply (a log-softmax it mostly has, and an object per token):
+    the trainer asks on the steps that measure the rollout/trainer mismatch (`trainer.mismatch_every`,
+    docs/training.md#the-vllm-backend)."""
 
     def __init__(self, model: torch.nn.Module, *, model_dir: str | os.PathLike, eos_token_ids: Sequence[int],
                  gpu_memory_utilization: float, max_model_len: int, dtype: str = "bfloat16", seed: int = 0,
                  enforce_eager: bool = True, in_process: bool = False, sleep: bool = False,
-                 weight_sync: str = "shared_memory", weight_sync_mb: float = 256.0, **_unused):
+                 weight_sync: str = RolloutConfig.weight_sync, weight_sync_mb: float = RolloutConfig.weight_sync_mb,
+                 **_unused):
         vllm = require_vllm()
         self.model_dir = Path(model_dir)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
@@ -230,24 +234,31 @@ class VLLMEngine:
         self.state = "awake"
         """`awake`; `parked` (level 1: weights in host memory, no KV cache; after the build); `asleep` (level 2:
         neither, until the next sync); `weights` (woken and synced, the KV cache still released)."""
+        extension = {}
         if not in_process:  # what runs in the engine's workers: the shared-memory sync, a short idle spin
-            memory["worker_extension_cls"] = "hacrl_lightning.rollout.vllm_worker.WorkerExtension"
+            extension["worker_extension_cls"] = "hacrl_lightning.rollout.vllm_worker.WorkerExtension"
+        self.shared_memory = None
+        """The shared-memory sync (`rollout.weight_sync=shared_memory`, own process), else None (file or tensors)."""
+        self.idle_spin_s: list[float] = []
+        """Each of the engine's workers' idle spins, seconds (own process: `vllm_worker.ENGINE_SPIN_S`)."""
+        self.stale = False
+        """The last weight sync failed: the engine may hold a mix of old and new weights and does not generate."""
         with _engine_environment(in_process=in_process):
             self.llm = vllm.LLM(
                 model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
                 max_model_len=max_model_len, enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
-                generation_config="vllm", skip_tokenizer_init=True, **memory,
+                generation_config="vllm", skip_tokenizer_init=True, **memory, **extension,
                 **(dict(enable_sleep_mode=True) if sleep else {}),
             )
-        self.idle_spin_s = []
-        """Each of the engine's workers' idle spins, seconds (own process: `vllm_worker.ENGINE_SPIN_S`)."""
         if not in_process:
             from hacrl_lightning.rollout.vllm_worker import ENGINE_SPIN_S
 
-            self.idle_spin_s = [s for worker in self.llm.collective_rpc("hacrl_spin_briefly", args=(ENGINE_SPIN_S,))
-                                for s in worker]
-        self.shared_memory = None
-        """The shared-memory sync (`rollout.weight_sync=shared_memory`, own process), else None (file or tensors)."""
+            try:
+                self.idle_spin_s = [s for worker in self.llm.collective_rpc("hacrl_spin_briefly", args=(ENGINE_SPIN_S,))
+                                    for s in worker]
+            except Exception:
+                self.close()  # its processes end with it
+                raise
         if not in_process and weight_sync == "shared_memory":
             from hacrl_lightning.rollout.vllm_sync import SharedMemorySync
 
@@ -263,6 +274,9 @@ class VLLMEngine:
         self.state = "parked"
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        if self.stale:
+            raise RuntimeError("the engine's last weight sync failed (its weights may be part old, part new): "
+                               "it generates again after a sync completes")
         if self.state == "asleep":  # level 2 released the weights: only a sync brings them back
             raise RuntimeError("the engine sleeps (rollout.sleep) and holds no weights: sync_weights wakes it")
         if self.state == "parked":
@@ -287,7 +301,9 @@ class VLLMEngine:
         if self.state in ("asleep", "parked"):
             self.llm.wake_up(tags=["weights"])
             self.state = "weights"
+        self.stale = True
         self._push(model)
+        self.stale = False
 
     def _push(self, model: torch.nn.Module) -> None:
         items = ((name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor)  # lazily, one at a time

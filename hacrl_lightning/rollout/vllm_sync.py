@@ -8,11 +8,13 @@ layerwise reload (the same `initialize_layerwise_reload` ... `finalize_layerwise
 runs, and that vLLM's own weight-transfer engines run around their chunks), so a layer whose weights arrive over
 two buckets is processed (repacked for the CPU kernels) once it is complete. Workers copy a bucket's tensors out
 of the buffer before loading (the reload holds a partly loaded layer's tensors until the layer is complete, and
-the buffer is refilled with the next bucket), so the extra memory of a sync is the buffer plus at most one
-layer's weights in the engine, never a full copy of the model (`bench.py sync` measures it).
+the buffer is refilled with the next bucket). The trainer holds the buffer (kept mapped between syncs) and one
+full tensor beyond its weights, never a copy of the model; what vLLM's reload itself takes in the engine is
+vLLM's (`bench.py sync` measures both). A failed push leaves the engine stale (`VLLMEngine` then refuses to
+generate until a sync completes).
 
-The buffer is a file in `/dev/shm` (memory, not disk) where that exists, else beside the engine's model
-directory; it is unlinked once every worker has mapped it, so nothing is left behind by a crash. On CUDA the
+The buffer is a file in `/dev/shm` (memory, not disk) where that exists and has the room, else beside the
+engine's model directory; it is unlinked once every worker has mapped it, so nothing is left behind by a crash. On CUDA the
 bucket is staged in host memory too (GPU -> host -> GPU, no disk): CUDA IPC handles are not implemented here.
 Deliberately not here: the file path (`vllm.write_weights`, the portable fallback, `rollout.weight_sync=file`)
 and engines in the trainer's process (they take the tensors themselves).
@@ -47,20 +49,29 @@ class SharedMemorySync:
         """Buckets of the last sync (for tests and `bench.py sync`)."""
 
     def _ensure_buffer(self, nbytes: int) -> None:
-        """Map (or grow) the shared buffer to at least `nbytes`; every worker maps the same file, then it is
-        unlinked."""
+        """Map (or grow) the shared buffer to at least `nbytes`: a file in `/dev/shm`, its space reserved (a
+        container's `/dev/shm` may be smaller than a bucket: writing past it would kill the process), else beside
+        the engine's model directory; every worker maps the same file, then it is unlinked."""
         if self.buffer is not None and self.buffer_bytes >= nbytes:
             return
-        folder = SHM_DIR if SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK) else self.near
-        handle, path = tempfile.mkstemp(prefix="hacrl-weights-", dir=folder)
-        try:
-            os.ftruncate(handle, nbytes)
-            os.close(handle)
-            self.buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-            self.buffer_bytes = nbytes
-            self.llm.collective_rpc("hacrl_map_buffer", args=(path, nbytes))
-        finally:
-            Path(path).unlink(missing_ok=True)
+        folders = [SHM_DIR] if SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK) else []
+        for folder in [*folders, self.near]:
+            handle, path = tempfile.mkstemp(prefix="hacrl-weights-", dir=folder)
+            try:
+                try:
+                    os.posix_fallocate(handle, 0, nbytes)
+                except OSError:
+                    if folder != self.near:
+                        continue  # /dev/shm too small: the next folder
+                    raise
+                finally:
+                    os.close(handle)
+                buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+                self.llm.collective_rpc("hacrl_map_buffer", args=(path, nbytes))
+                self.buffer, self.buffer_bytes = buffer, nbytes  # only once every worker has mapped it
+                return
+            finally:
+                Path(path).unlink(missing_ok=True)
 
     def push(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Send every (name, tensor) of `items` (full tensors, read lazily) to the engine, one bucket at a time:
@@ -68,6 +79,7 @@ class SharedMemorySync:
         trainer holds at most the buffer and one full tensor beyond its own weights."""
         self.llm.collective_rpc("hacrl_begin_weights")
         entries, used, sent = [], 0, 0
+        failed = None
         try:
             for name, tensor in items:
                 dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
@@ -84,8 +96,15 @@ class SharedMemorySync:
             if entries:
                 self.llm.collective_rpc("hacrl_load_bucket", args=(entries,))
                 sent += 1
+        except BaseException as err:
+            failed = err
+            raise
         finally:
-            self.llm.collective_rpc("hacrl_end_weights")
+            try:
+                self.llm.collective_rpc("hacrl_end_weights")
+            except Exception:
+                if failed is None:
+                    raise  # else the first error is the one to see
         self.buckets_sent = sent
 
     def close(self) -> None:
