@@ -1,9 +1,28 @@
-"""How the benchmarks print their figures: one plain-text table (`print_table`).
+"""What the benchmarks share: one plain-text table (`print_table`), the MiB, and a sum over this process's
+child processes (`children_total`: the vLLM engines' CPU time or memory).
 
-Deliberately not here: any measurement (the other `bench` modules) or file output (`scripts/bench.py`).
+Deliberately not here: what a benchmark measures (the other `bench` modules) or file output (`scripts/bench.py`).
 """
 
 from __future__ import annotations
+
+from typing import Callable
+
+MB = 2**20
+
+
+def children_total(read: Callable) -> float:
+    """The sum of `read(child)` over this process's children, recursively (`psutil.Process`es); a child that
+    ended between the listing and the read is left out."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            total += read(child)
+        except psutil.Error:
+            continue
+    return total
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:

@@ -61,11 +61,10 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
-from hacrl_lightning.bench.report import print_table
+from hacrl_lightning.bench.report import MB, children_total, print_table
 
 PHASES = ("rollout", "reward", "exchange", "old_logprobs", "update", "weight_sync", "logging")
 """The framework step's phases, in order; `logging` is the remainder (see the module docstring)."""
-MB = 2**20
 
 
 def add_arguments(parser) -> None:
@@ -189,16 +188,7 @@ def engine_cpu_s() -> float:
     """CPU seconds (user + system) used so far by this process's children: the vLLM engines' processes (none
     with the transformers backend or engines in the trainer's process). An engine process that has ended
     drops out of the sum, so a step's difference is meaningful only while the engines live (all timed steps)."""
-    import psutil
-
-    total = 0.0
-    for child in psutil.Process().children(recursive=True):
-        try:
-            times = child.cpu_times()
-        except psutil.Error:  # ended between the listing and the read
-            continue
-        total += times.user + times.system
-    return total
+    return children_total(lambda child: sum(child.cpu_times()[:2]))  # user + system
 
 
 def weight_copies(agents, optimizers) -> list[str]:

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import torch
 
-from hacrl_lightning.bench.report import print_table
+from hacrl_lightning.bench.report import MB, children_total, print_table
 from hacrl_lightning.config import RolloutConfig
 
-MB = 2**20
 COLUMNS = ["agent", "params_m", "dtype", "method", "bucket_mb", "buckets", "sync_s", "sync_s_min", "sync_s_max",
            "trainer_extra_mb", "engine_extra_mb", "disk_mb"]
 
@@ -50,14 +49,9 @@ class Peaks:
 
         self.me = psutil.Process()
 
-    def _children_rss(self) -> int:
-        total = 0
-        for child in self.me.children(recursive=True):
-            try:
-                total += child.memory_info().rss
-            except Exception:  # an engine helper that ended between the listing and the read
-                pass
-        return total
+    @staticmethod
+    def _children_rss() -> float:
+        return children_total(lambda child: child.memory_info().rss)
 
     def start(self) -> None:
         self.base = (self.me.memory_info().rss, self._children_rss())
