@@ -27,8 +27,8 @@ def bucket_tensors(buffer: torch.Tensor, entries: list) -> Iterator[tuple[str, t
     """The (name, tensor) pairs of one bucket of the shared buffer (uint8), as `SharedMemorySync.push` describes
     them: (name, dtype name, shape, byte offset). Copies: the reload may hold a partly loaded layer's tensors
     past this bucket, and the buffer is refilled by the next."""
-    for name, dtype, shape, offset in entries:
-        dtype = getattr(torch, dtype)
+    for name, dtype_name, shape, offset in entries:
+        dtype = getattr(torch, dtype_name)
         nbytes = math.prod(shape) * dtype.itemsize
         yield name, buffer[offset:offset + nbytes].view(dtype).view(shape).clone()
 
@@ -46,7 +46,6 @@ class WorkerExtension:
         for reader in readers:
             reader.busy_loop_s = min(reader.busy_loop_s, seconds)
         return [reader.busy_loop_s for reader in readers]
-
 
     def hacrl_map_buffer(self, path: str, nbytes: int) -> None:
         self.hacrl_buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
