@@ -479,7 +479,7 @@ class TrainerConfig:
     pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics).
     Algorithms whose learners train on their own responses only (grpo, gspo, gspo_x2) have nothing to measure:
     it does not run for them."""
-    mismatch_every: int = setting(10, harmless=True)
+    mismatch_every: int = setting(10, harmless=True, implied=1)
     """Measure the rollout/trainer mismatch (`{agent}/rollout/logp_diff_*`) of engines that report log-probs
     cheaply (vLLM) on steps 0, k, 2k, ... (0: never): they are asked for the sampled tokens' log-probs only on
     those steps (asked every step they cost about 10% of a tiny agent's step on vLLM's CPU build,
