@@ -537,7 +537,8 @@ def save_resolved(dcfg: DictConfig, run_dir: Path, name: str = "config.yaml") ->
     return write_atomically(run_dir / name, OmegaConf.to_yaml(dcfg, resolve=True))
 
 
-TRAIN_SETTINGS = {"agents": (schema.AgentConfig, "agents.<key>."), "algorithm": (schema.AlgorithmConfig, "algorithm."),
+TRAIN_SETTINGS = {"agents": (schema.AgentConfig, "agents.<key>."), "lora": (schema.LoraConfig, "agents.<key>.lora."),
+                  "algorithm": (schema.AlgorithmConfig, "algorithm."),
                   "pair": (schema.PairConfig, "pair."), "rollout": (schema.RolloutConfig, "rollout."),
                   "data": (schema.DataConfig, "data."), "trainer": (schema.TrainerConfig, "trainer."),
                   "run": (schema.TrainConfig, "")}

@@ -132,6 +132,36 @@ def settings_help(cls: type, prefix: str = "") -> List[str]:
     return lines
 
 
+LORA_TARGETS_ALL = "all-linear"
+"""`lora.target_modules` entry for every linear layer of the transformer blocks (peft's `all-linear`: not the
+output layer)."""
+LORA_ENGINE_MODES = ("merged", "adapter")
+
+
+@dataclass
+class LoraConfig:
+    """A LoRA adapter for one agent (`agents.<key>.lora`, docs/training.md#lora): the agent's model stays frozen and
+    only the adapter (B·A on each target module, scaled by alpha / rank) gets gradients and AdamW state; with a KL
+    penalty the reference is the same model with its adapter switched off (no frozen copy). rank 0 (the default) is
+    full fine-tuning."""
+
+    rank: int = setting(0, implied=0)
+    """The adapter's rank r (0: no adapter, every weight trains)."""
+    alpha: float = setting(16.0, implied=16.0)
+    """The adapter's scale is alpha / rank (peft's `lora_alpha`)."""
+    dropout: float = setting(0.0, implied=0.0)
+    """Dropout on the adapter's input; only 0 is allowed: the RL forward passes run without dropout, so a
+    response's old and new log-probs agree (docs/training.md)."""
+    target_modules: List[str] = setting(factory=lambda: [LORA_TARGETS_ALL], implied=[LORA_TARGETS_ALL])
+    """Which modules get an adapter: names (or name suffixes) of the model's linear layers, e.g.
+    [q_proj,v_proj], or [all-linear] for every linear layer of the blocks. A name the model lacks is refused
+    at load, naming the ones it has."""
+    engine: str = setting("merged", implied="merged")
+    """How a vLLM engine gets the trained agent (`rollout=vllm`): `merged` (base + B·A·alpha/rank pushed as whole
+    weights through `rollout.weight_sync`, as for full fine-tuning) or `adapter` (only the adapter's weights, served
+    as a vLLM LoRA request; vLLM's own LoRA kernels)."""
+
+
 @dataclass
 class AgentConfig:
     """One agent: a causal LM, its tokenizer and chat template, its optimizer and sampling settings.
@@ -191,6 +221,8 @@ class AgentConfig:
     gradient_checkpointing: bool = setting(False, harmless=True)
     """Recompute activations in the backward pass (less memory, about a third more compute); the
     update is the same."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """A LoRA adapter instead of full fine-tuning (`agents.<key>.lora.rank=8`; see --help lora)."""
     ranks: int = setting(0, implied=0)
     """`trainer.placement=split`: how many of the world's ranks (GPUs) hold this agent: its weights, optimizer
     state, KL reference and engine, FSDP2-sharded over them (0: the plan picks, in proportion to what each
@@ -652,6 +684,23 @@ def _check_agents(c: Checks, cfg: TrainConfig) -> None:
         c.positive(f"{prefix}.top_k", agent.top_k, strict=False)
         if agent.gpu_memory_utilization is not None and not 0.0 < agent.gpu_memory_utilization < 1.0:
             c.bad(f"{prefix}.gpu_memory_utilization", agent.gpu_memory_utilization, "(0, 1)", "give each agent a share of the GPU")
+        _check_lora(c, f"{prefix}.lora", agent.lora)
+
+
+def _check_lora(c: Checks, prefix: str, lora: LoraConfig) -> None:
+    if isinstance(lora.rank, bool) or not isinstance(lora.rank, int) or lora.rank < 0:
+        c.bad(f"{prefix}.rank", lora.rank, "an int >= 0 (0: full fine-tuning)", f"e.g. {prefix}.rank=8")
+    if lora.rank == 0:
+        return
+    if not lora.alpha > 0:
+        c.bad(f"{prefix}.alpha", lora.alpha, "a number > 0 (the scale is alpha / rank)", f"e.g. {prefix}.alpha=16")
+    if lora.dropout != 0:
+        c.bad(f"{prefix}.dropout", lora.dropout, "0 (the RL forward passes run without dropout, so a response's old "
+              "and new log-probs agree)", f"drop {prefix}.dropout")
+    if not lora.target_modules or not all(isinstance(t, str) and t for t in lora.target_modules):
+        c.bad(f"{prefix}.target_modules", list(lora.target_modules), "module names, or [all-linear]",
+              f"e.g. {prefix}.target_modules=[q_proj,v_proj]")
+    c.choice(f"{prefix}.engine", lora.engine, LORA_ENGINE_MODES)
 
 
 def _check_algorithm(c: Checks, cfg: TrainConfig) -> None:

@@ -58,6 +58,8 @@ def quiet_libraries() -> None:
         _add_once(logging.getLogger(name), LIGHTNING_CHATTER)
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")  # replaces an equal filter
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # peft (LoRA agents) reads a transformers attribute that v5 renamed: nothing the user can change
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

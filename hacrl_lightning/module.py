@@ -38,6 +38,7 @@ from torch import nn
 
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.agents.exchange import AgentView
+from hacrl_lightning.agents.lora import adapter_disabled, is_lora, trainable_parameters
 from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, sequence_mean_logp, step_accuracy
 from hacrl_lightning.config import AlgorithmConfig, parse_cross_samples
 from hacrl_lightning.errors import RunFailed
@@ -127,8 +128,14 @@ class HACRLModule(pl.LightningModule):
         """The agents this rank holds and trains (all of them unless `trainer.placement=split`)."""
         self.automatic_optimization = False
         self.references = nn.ModuleDict()
+        """Each agent's frozen KL reference (`algorithm.kl_coef > 0`), but for LoRA agents (`adapter_references`)."""
+        self.adapter_references: set[str] = set()
+        """LoRA agents with a KL penalty: their reference is their own model with the adapter off (no copy)."""
         if self.alg.kl_coef > 0:  # β = 0 must not load a reference model (docs/spec.md §6)
             for name, agent in agents.items():
+                if is_lora(agent.model):
+                    self.adapter_references.add(name)
+                    continue
                 reference = Agent(name, _frozen_copy(agent.model), agent.tokenizer, agent.cfg)
                 self.references[name] = reference
         self.loss_settings = algorithm.loss_settings()
@@ -193,7 +200,7 @@ class HACRLModule(pl.LightningModule):
         optimizers, schedulers = [], []
         for name in self.local:
             agent = self.agents[name]
-            opt = torch.optim.AdamW(agent.parameters(), lr=agent.cfg.lr, betas=tuple(agent.cfg.betas),
+            opt = torch.optim.AdamW(trainable_parameters(agent), lr=agent.cfg.lr, betas=tuple(agent.cfg.betas),
                                     weight_decay=agent.cfg.weight_decay)
             warmup = agent.cfg.lr_warmup_steps
             schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda u, w=warmup: min(1.0, (u + 1) / w) if w else 1.0)
@@ -413,7 +420,8 @@ class HACRLModule(pl.LightningModule):
         its row of `diffs`."""
         agent = self.agents[name]
         old_tokens[name] = torch.zeros(view.input_ids.shape)                            # [B, T]
-        if name in self.references:
+        has_reference = name in self.references or name in self.adapter_references
+        if has_reference:
             ref_tokens[name] = torch.zeros(view.input_ids.shape)
         pieces = plan.micro_batches_where(view.is_own, self.settings.micro_batch_size)
         for micro_batch in micro_batches(pieces, stand_in=torch.nonzero(view.is_own).flatten()[:1]):
@@ -424,6 +432,9 @@ class HACRLModule(pl.LightningModule):
             if name in self.references:
                 ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask,
                                                            temperature=agent.cfg.temperature)
+            elif has_reference:  # LoRA: the base model is the reference
+                with adapter_disabled(agent.model):
+                    ref = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
             if not micro_batch.counts:  # a forward all the same: FSDP's collectives
                 continue
             old_tokens[name][batch_rows, : logp.shape[1]] = logp.float().cpu()

@@ -150,18 +150,29 @@ def test_rollouts_are_on_policy(tmp_path, zoo_cache, monkeypatch):
 
 
 @pytest.mark.slow
-def test_exact_resume(tmp_path, zoo_cache):
-    straight = train(config(tmp_path / "a", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4"))
-    first = config(tmp_path / "b", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4", "trainer.checkpoint_every=2")
+@pytest.mark.parametrize("lora", [[], ["agents.tiny_a.lora.rank=4", "algorithm.kl_coef=0.01"]], ids=["full", "lora"])
+def test_exact_resume(tmp_path, zoo_cache, lora):
+    """Interrupted after step 2 and resumed = 4 steps straight: weights and optimizer state bitwise (`lora`: tiny_a
+    with an adapter and the KL penalty, its reference the adapter-off model)."""
+    straight = train(config(tmp_path / "a", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4", *lora))
+    first = config(tmp_path / "b", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4", "trainer.checkpoint_every=2",
+                   *lora)
     train(first, extra_callbacks=[StopAfter(2)])  # interrupted half-way, after the step-2 checkpoint
     resumed_cfg = config(tmp_path / "b", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4",
-                         f"resume={tmp_path / 'b' / 'run'}")
+                         f"resume={tmp_path / 'b' / 'run'}", *lora)
     resumed = train(resumed_cfg)
     assert resumed["steps"] == straight["steps"] == 4
     ckpt_a = torch.load(latest_checkpoint(tmp_path / "a" / "run"), weights_only=False)
     ckpt_b = torch.load(latest_checkpoint(tmp_path / "b" / "run"), weights_only=False)
+    assert ckpt_a["state_dict"].keys() == ckpt_b["state_dict"].keys()
+    assert any(".lora_A." in key for key in ckpt_a["state_dict"]) == bool(lora)
     for key, value in ckpt_a["state_dict"].items():
         assert torch.equal(value, ckpt_b["state_dict"][key]), key
+    for opt_a, opt_b in zip(ckpt_a["optimizer_states"], ckpt_b["optimizer_states"]):
+        assert opt_a["state"].keys() == opt_b["state"].keys()
+        for index, state in opt_a["state"].items():
+            for key, value in state.items():
+                assert torch.equal(value, opt_b["state"][index][key]), (index, key)
     assert ckpt_a["callbacks"] == ckpt_b["callbacks"] or _same_callback_state(ckpt_a, ckpt_b)
     for name in ("tiny_a", "tiny_b"):
         for key in ("rollouts_generated", "responses_trained", "optimizer_updates"):

@@ -160,6 +160,35 @@ def test_after_a_sync_the_engine_answers_as_the_trained_model(load_zoo_agent, tm
     assert torch.get_num_threads() == threads and torch.set_num_threads.__module__ != "vllm.v1.worker.cpu_worker"
 
 
+@pytest.mark.parametrize("engine_mode, in_process", [("merged", False), ("adapter", False), ("adapter", True)],
+                         ids=["merged-own_process-shared_memory", "adapter-own_process", "adapter-in_process"])
+def test_after_a_sync_a_lora_agent_s_engine_answers_as_the_trained_lora_model(load_zoo_agent, tmp_path, engine_mode,
+                                                                              in_process):
+    """tiny_a with a rank-8 adapter on every linear layer of its blocks: one supervised step (adapter only, lr 1e-2)
+    changes many greedy answers; after the sync the engine answers as the trainer's peft model again, whether it
+    received the merged weights (52 KB shared-memory buckets, as a full fine-tune) or only the adapter (a vLLM LoRA
+    request on the base weights it was built with)."""
+    agent = load_zoo_agent("tiny_a", dtype="float32", lora={"rank": 8, "engine": engine_mode})
+    engine = engine_for(agent, tmp_path, in_process=in_process, weight_sync_mb=SYNC_MB)
+    assert (engine.lora_request is not None) is (engine_mode == "adapter")
+    prompt_ids = agent.encode_prompts(PROMPTS)
+    before = greedy(agent, engine, prompt_ids)
+    assert_same_greedy(agent, before, trainer_greedy(agent, prompt_ids), prompt_ids)
+    base = [p.detach().clone() for n, p in agent.model.named_parameters() if "lora_" not in n]
+    supervised_step(agent, lr=1e-2)
+    assert all(torch.equal(b, p) for b, p in zip(base, (p for n, p in agent.model.named_parameters() if "lora_" not in n)))
+    engine.sync_weights(agent.model)
+    if engine_mode == "merged":
+        assert engine.shared_memory.buckets_sent > 3
+    after = greedy(agent, engine, prompt_ids)
+    assert sum(a != b for a, b in zip(after, before)) >= 8  # the step changed many answers
+    assert_same_greedy(agent, after, trainer_greedy(agent, prompt_ids), prompt_ids)
+    supervised_step(agent, lr=1e-2)  # a second sync: a new request (vLLM caches an adapter by its id)
+    engine.sync_weights(agent.model)
+    assert_same_greedy(agent, greedy(agent, engine, prompt_ids), trainer_greedy(agent, prompt_ids), prompt_ids)
+    engine.close()
+
+
 def supervised_step(agent, lr: float = 3e-3) -> None:
     """One supervised AdamW step on 32 solved problems: at lr 3e-3 it changes most greedy answers."""
     from hacrl_lightning.agents.zoo import _batch, _rows

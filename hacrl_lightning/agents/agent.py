@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from hacrl_lightning.agents.lora import ADAPTER_DIR, is_lora, save_adapter, served_state_dict
 from hacrl_lightning.agents.sources import AgentLoadError, fetch, resolve_source
 from hacrl_lightning.agents.tokenizers import check_lossless, decode_text, embedding_mismatch, encode_text, \
     save_tokenizer, special_strings
@@ -77,6 +78,14 @@ class Agent(nn.Module):
         model_source = resolve_source(name, cfg.model, key=f"{key}.model", zoo_cache=zoo_cache)
         tokenizer_source = model_source if cfg.tokenizer is None else \
             resolve_source(name, cfg.tokenizer, key=f"{key}.tokenizer", zoo_cache=zoo_cache)
+        adapter_dir = _adapter_dir(model_source)
+        if adapter_dir is not None:  # an exported adapter alone: its base loads, then the adapter merges into it
+            base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            if not isinstance(base, str) or not base:
+                raise AgentLoadError(f"agent {name!r}: {key}.model={cfg.model!r} is a LoRA adapter without its base "
+                                     "model (adapter_config.json: base_model_name_or_path). Fix: give the merged "
+                                     "export (the directory above it), or set base_model_name_or_path")
+            model_source = resolve_source(name, base, key=f"{key}.model (the adapter's base)", zoo_cache=zoo_cache)
         common = dict(revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
         tokenizer_key = f"{key}.tokenizer" if cfg.tokenizer else f"{key}.model"
         tokenizer = fetch(AutoTokenizer.from_pretrained, tokenizer_source, agent=name, key=tokenizer_key, **common)
@@ -87,8 +96,21 @@ class Agent(nn.Module):
                                  f"model {cfg.model!r}: {mismatch}. Fix: {mismatch_fix(key, cfg)}")
         model = fetch(AutoModelForCausalLM.from_pretrained, model_source, agent=name, key=f"{key}.model",
                        dtype=dtype or getattr(torch, cfg.dtype), **common)
+        if adapter_dir is not None:
+            from hacrl_lightning.agents.lora import load_adapter_dir
+
+            model = load_adapter_dir(model, adapter_dir)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        if cfg.lora.rank > 0:  # the base frozen, an adapter on each target: only the adapter trains
+            from hacrl_lightning.agents.lora import LoraTargetError, apply_lora
+
+            if cfg.gradient_checkpointing:
+                model.enable_input_require_grads()  # recomputed blocks need an input that asks for grad
+            try:
+                model = apply_lora(model, cfg.lora, key=f"{key}.lora")
+            except LoraTargetError as err:
+                raise AgentLoadError(f"agent {name!r}: {err}") from None
         agent = cls(name, model, tokenizer, cfg)
         if check_texts is None:
             from hacrl_lightning.data.synthetic import task_texts
@@ -174,7 +196,7 @@ class Agent(nn.Module):
 
     # -- export ---------------------------------------------------------------------------------------
 
-    def export(self, directory: str | os.PathLike, *, writes: bool | None = None) -> Path:
+    def export(self, directory: str | os.PathLike, *, writes: bool | None = None, merged: bool = True) -> Path:
         """Write a standalone Hugging Face dir (weights in the agent's `dtype`, config, generation config,
         tokenizer, chat template) that `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`
         load alone, in transformers v5 and v4. The tokenizer's `model_max_length` is the model's context
@@ -186,6 +208,9 @@ class Agent(nn.Module):
         the `.partial` name, never a directory that looks complete; a stale `.partial` is removed by the
         next export. A `directory` that holds other files than a model's is refused (nothing is deleted).
 
+        A LoRA agent's weights are written with its adapter merged (`merged=False`: its base's, for an engine that
+        applies the adapter itself), and the adapter alone in `<directory>/adapter` (peft's files and the tokenizer).
+
         Under FSDP2 every rank of the agent's mesh must call it (the full state dict is gathered); the mesh's
         first rank writes. A model whole on several ranks: rank 0 writes, or the ranks told `writes=True`
         (`trainer.placement=split`: the first of the agent's group).
@@ -196,15 +221,21 @@ class Agent(nn.Module):
             writer = writes
         if not writer:
             return directory
-        state_dict = _in_dtype(state_dict if state_dict is not None else self.model.state_dict(),
-                               getattr(torch, self.cfg.dtype))  # fp32 master weights, written in the agent's dtype
+        state_dict = state_dict if state_dict is not None else self.model.state_dict()
+        lora = is_lora(self.model)
+        served = served_state_dict(self.model, state_dict, merged=merged) if lora else state_dict  # adapters merged
+        served = _in_dtype(served, getattr(torch, self.cfg.dtype))  # fp32 master weights, written in the agent's dtype
         final, directory = directory, _fresh_partial(directory)
-        generation = self.model.generation_config
+        base = self.model.get_base_model() if lora else self.model
+        generation = base.generation_config
         generation.eos_token_id = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id
         generation.pad_token_id = self.pad_token_id
-        self.model.config.pad_token_id = self.pad_token_id
-        with _writes_here(self.model):
-            self.model.save_pretrained(str(directory), state_dict=state_dict)
+        base.config.pad_token_id = self.pad_token_id
+        with _writes_here(base):
+            base.save_pretrained(str(directory), state_dict=served)
+        if lora:  # the adapter alone beside the merged weights, with the tokenizer: evaluate.py takes either
+            save_adapter(self.model, directory / ADAPTER_DIR, state_dict=state_dict, base=self.cfg.model)
+            save_tokenizer(self.tokenizer, directory / ADAPTER_DIR, model_max_length=self.context_length)
         config_path = directory / "config.json"  # transformers writes the (fp32) training dtype
         config_json = json.loads(config_path.read_text())
         config_json["dtype"] = self.cfg.dtype
@@ -214,7 +245,7 @@ class Agent(nn.Module):
                     "system_prompt": self.cfg.system_prompt, "max_prompt_len": self.max_prompt_len,
                     "max_response_len": self.max_response_len}
         (directory / AGENT_FILE).write_text(json.dumps(settings, indent=2) + "\n")
-        for path in directory.iterdir():
+        for path in directory.rglob("*"):
             if path.is_file():
                 path.chmod(0o644)
         _replace_dir(directory, final)
@@ -229,6 +260,14 @@ class Agent(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, model={self.cfg.model!r}, vocab={len(self.tokenizer)}"
+
+
+def _adapter_dir(source: str) -> Path | None:
+    """`source` as a LoRA adapter's directory (peft's `adapter_config.json` in it, no `config.json`), else None."""
+    path = Path(os.path.expanduser(source))
+    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        return path
+    return None
 
 
 def model_vocab_size(config) -> int | None:

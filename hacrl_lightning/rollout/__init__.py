@@ -68,7 +68,10 @@ def engine_options(agent, backend: str, *, batch_size: int, seed: int = 0,
     if backend == "vllm":
         share = agent.cfg.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
         share = DEFAULT_SHARE if share is None else share
-        options.update(model_dir=agent.export(Path(export_to or Path("engine_dirs") / agent.name), writes=writes), gpu_memory_utilization=share,
+        adapter = agent.cfg.lora.rank > 0 and agent.cfg.lora.engine == "adapter"  # vLLM applies the adapter itself
+        options.update(model_dir=agent.export(Path(export_to or Path("engine_dirs") / agent.name), writes=writes,
+                                              merged=not adapter),
+                       **(dict(lora_rank=agent.cfg.lora.rank) if adapter else {}), gpu_memory_utilization=share,
                        seed=seed, max_model_len=agent.max_prompt_len + agent.max_response_len, dtype=agent.cfg.dtype,
                        in_process=in_process, weight_sync=weight_sync, weight_sync_mb=weight_sync_mb,
                        **(dict(sleep=True) if sleep else {}))

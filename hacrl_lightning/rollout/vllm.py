@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from hacrl_lightning.agents.lora import ADAPTER_DIR, served_items
 from hacrl_lightning.config import RolloutConfig
 from hacrl_lightning.rollout.engine import Generation, SamplingSettings
 
@@ -132,6 +134,19 @@ def to_generations(request_outputs: Iterable[Any], stop_token_ids: Sequence[int]
     return generations
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM takes as `max_lora_rank` (an adapter of a smaller rank is padded to it)."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM takes that holds an adapter of rank `rank`."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(f"lora.rank={rank}: vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}; use "
+                         "lora.engine=merged (the adapter merged into the weights) or a smaller rank")
+    return fits[0]
+
+
 def _strip_wrapper_prefixes(name: str) -> str:
     for prefix in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod."):
         name = name.replace(prefix, "")
@@ -139,11 +154,15 @@ def _strip_wrapper_prefixes(name: str) -> str:
 
 
 def full_state_items(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
-    """(name, full tensor) for every weight; DTensor shards are gathered (a collective on all ranks)."""
-    for name, tensor in model.state_dict().items():
-        if hasattr(tensor, "full_tensor"):
-            tensor = tensor.full_tensor()
-        yield _strip_wrapper_prefixes(name), tensor.detach()
+    """(name, full tensor) for every weight under the base model's names; DTensor shards are gathered (a collective
+    on all ranks); a LoRA model's adapters merged into their weights (`agents/lora.served_items`)."""
+    def items():
+        for name, tensor in model.state_dict().items():
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            yield _strip_wrapper_prefixes(name), tensor.detach()
+
+    yield from served_items(model, items())
 
 
 def write_weights(model_dir: str | os.PathLike, items: Iterable[tuple[str, torch.Tensor]]) -> Path:
@@ -217,7 +236,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float, max_model_len: int, dtype: str = "bfloat16", seed: int = 0,
                  enforce_eager: bool = True, in_process: bool = False, sleep: bool = False,
                  weight_sync: str = RolloutConfig.weight_sync, weight_sync_mb: float = RolloutConfig.weight_sync_mb,
-                 **_unused):
+                 lora_rank: int = 0, **_unused):
         vllm = require_vllm()
         self.model_dir = Path(model_dir)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
@@ -243,11 +262,22 @@ class VLLMEngine:
         """Each of the engine's workers' idle spins, seconds (own process: `vllm_worker.ENGINE_SPIN_S`)."""
         self.stale = False
         """The last weight sync failed: the engine may hold a mix of old and new weights and does not generate."""
+        self.lora_request = None
+        """`lora.engine=adapter`: the request that applies the agent's adapter (`model_dir/adapter`, then each sync's
+        own directory), else None (the engine holds the weights as trained: merged, or a full fine-tune)."""
+        self._adapter_syncs = 0
+        lora = {}
+        if lora_rank:
+            from vllm.lora.request import LoRARequest
+
+            self._lora_request_cls = LoRARequest
+            lora = dict(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
+            self.lora_request = LoRARequest("agent", 1, str(self.model_dir / ADAPTER_DIR))
         with _engine_environment(in_process=in_process):
             self.llm = vllm.LLM(
                 model=str(self.model_dir), tokenizer=str(self.model_dir), dtype=dtype, seed=seed,
                 max_model_len=max_model_len, enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
-                generation_config="vllm", skip_tokenizer_init=True, **memory, **extension,
+                generation_config="vllm", skip_tokenizer_init=True, **memory, **extension, **lora,
                 **(dict(enable_sleep_mode=True) if sleep else {}),
             )
         if not in_process:
@@ -259,7 +289,7 @@ class VLLMEngine:
             except Exception:
                 self.close()  # its processes end with it
                 raise
-        if not in_process and weight_sync == "shared_memory":
+        if not in_process and weight_sync == "shared_memory" and self.lora_request is None:
             from hacrl_lightning.rollout.vllm_sync import SharedMemorySync
 
             self.shared_memory = SharedMemorySync(self.llm, dtype=self.dtype, bucket_mb=weight_sync_mb,
@@ -286,7 +316,7 @@ class VLLMEngine:
             self.state = "awake"
         params = self._vllm.SamplingParams(**sampling_params_kwargs(sampling, self.eos_token_ids))
         prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         return to_generations(outputs, self.eos_token_ids + tuple(sampling.stop_token_ids))
 
     def rest(self) -> None:
@@ -306,6 +336,9 @@ class VLLMEngine:
         self.stale = False
 
     def _push(self, model: torch.nn.Module) -> None:
+        if self.lora_request is not None:  # the adapter alone, a new request (vLLM caches adapters by id)
+            self._push_adapter(model)
+            return
         items = ((name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor)  # lazily, one at a time
                  for name, tensor in full_state_items(model))
         if self.in_process:  # tensors straight into the worker: `reload_weights` re-packs them as the
@@ -317,6 +350,18 @@ class VLLMEngine:
             write_weights(self.model_dir, items)
             self.llm.collective_rpc("reload_weights")
         self.llm.reset_prefix_cache()
+
+    def _push_adapter(self, model: torch.nn.Module) -> None:
+        """Write the adapter (a few MB, peft's files) to `model_dir/adapter_sync/<n>` and serve it as request n;
+        the directory of the request before the current one is removed (vLLM has read it)."""
+        from hacrl_lightning.agents.lora import adapter_state_dict, save_adapter
+
+        self._adapter_syncs += 1
+        n = self._adapter_syncs + 1
+        root = self.model_dir / "adapter_sync"
+        save_adapter(model, root / str(n), state_dict=adapter_state_dict(model), base=str(self.model_dir))
+        self.lora_request = self._lora_request_cls("agent", n, str(root / str(n)))
+        shutil.rmtree(root / str(n - 2), ignore_errors=True)
 
     def close(self) -> None:
         """Shut the engine down: its engine process and worker end. vLLM 0.32's `LLM` has no public shutdown;

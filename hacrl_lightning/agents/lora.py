@@ -1,0 +1,189 @@
+"""LoRA agents (`agents.<key>.lora`, docs/training.md#lora): a model wrapped by `peft`, and its weights as a
+deployment and a vLLM engine see them.
+
+`apply_lora` wraps a loaded causal LM (the base frozen, an adapter B·A on each target module, B = 0 so the
+wrapped model starts equal to the base); a target the model lacks is refused naming the linear layers it has.
+`served_items` turns a LoRA model's state dict into the base model's names and weights (W + B·A·alpha/rank,
+in fp32, one module at a time): what an export writes and what `rollout.weight_sync` pushes to an engine.
+`save_adapter` writes the adapter alone (peft's directory) and `load_adapter_dir` reads one back onto its base.
+`is_lora` asks without importing peft (seconds), so runs without LoRA never load it.
+
+Deliberately not here: when adapters are applied (`Agent.load`), the KL reference with the adapter off
+(`HACRLModule`), the engines' LoRA requests (`rollout/vllm.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from hacrl_lightning.config import LORA_TARGETS_ALL, LoraConfig
+
+__all__ = ["ADAPTER_DIR", "LoraTargetError", "adapter_disabled", "adapter_state_dict", "apply_lora", "is_lora", "load_adapter_dir",
+           "lora_targets", "require_peft", "save_adapter", "served_items", "served_state_dict", "trainable_parameters"]
+
+ADAPTER_DIR = "adapter"
+"""An export of a LoRA agent holds its adapter alone (peft's files) in this subdirectory."""
+PEFT_PREFIX = "base_model.model."
+
+
+class LoraTargetError(ValueError):
+    """`lora.target_modules` names a module the model does not have, or one that is not a linear layer."""
+
+
+def require_peft():
+    """peft, or one line saying how to get it."""
+    try:
+        import peft
+    except ImportError as err:  # pragma: no cover - a dependency of the package
+        raise ImportError("LoRA agents need the `peft` package: pip install peft (a dependency of hacrl-lightning: "
+                          "pip install -e . installs it)") from err
+    return peft
+
+
+def is_lora(model: nn.Module) -> bool:
+    """Whether `model` is a peft model (without importing peft: a run without LoRA never loads it)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The last name part of every linear layer of `model` but its output layer, sorted (what targets can name)."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, nn.Linear) and module is not output})
+
+
+def lora_targets(model: nn.Module, lora: LoraConfig, *, key: str) -> list[str] | str:
+    """peft's `target_modules` for `lora.target_modules` on `model` (`all-linear` as peft spells it); refuses a
+    name that is no linear layer of the model's blocks, naming those it has."""
+    targets = list(lora.target_modules)
+    if targets == [LORA_TARGETS_ALL]:
+        return LORA_TARGETS_ALL
+    have = linear_names(model)
+    missing = [t for t in targets if t == LORA_TARGETS_ALL or t.rsplit(".", 1)[-1] not in have]
+    if missing:
+        raise LoraTargetError(f"{key}.target_modules: {missing} {'is' if len(missing) == 1 else 'are'} not among this "
+                              f"model's linear layers {have}. Fix: name some of those, or [{LORA_TARGETS_ALL}] alone")
+    return targets
+
+
+def apply_lora(model: nn.Module, lora: LoraConfig, *, key: str) -> nn.Module:
+    """`model` (a transformers causal LM) as a peft LoRA model: every base weight frozen, an adapter on each
+    target (A random, B zero: the wrapped model's outputs equal the base's until a step)."""
+    peft = require_peft()
+    config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
+                             target_modules=lora_targets(model, lora, key=key), task_type="CAUSAL_LM")
+    return peft.get_peft_model(model, config)
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters an optimizer steps: the adapter's for a LoRA model, every one otherwise."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def adapter_disabled(model: nn.Module):
+    """A context in which `model` (a LoRA model) computes as its base model: its KL reference."""
+    return model.disable_adapter()
+
+
+def _scalings(model: nn.Module) -> dict[str, float]:
+    """{module name without peft's prefix: alpha / rank} of every module with an adapter."""
+    out = {}
+    for name, module in model.named_modules():
+        scaling = getattr(module, "scaling", None)
+        if isinstance(scaling, dict) and "default" in scaling and hasattr(module, "lora_A"):
+            out[_base_name(name)] = float(scaling["default"])
+    return out
+
+
+def _base_name(name: str) -> str:
+    for wrapper in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(wrapper, "")
+    return name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
+
+
+def served_items(model: nn.Module, items: Iterable[tuple[str, torch.Tensor]], *,
+                 merged: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """`items` (name, full tensor) of a LoRA model's state dict, as the base model's (name, tensor): a module with
+    an adapter gives `<module>.weight` = W + (B @ A)·alpha/rank in fp32 (then the input's dtype) once its three
+    tensors have come (one module held at a time), its bias under `<module>.bias`; every other tensor keeps its
+    value under the base model's name. `merged=False`: the base's own W (the adapter left out). Items of a model
+    without LoRA pass through."""
+    if not is_lora(model):
+        yield from items
+        return
+    if not merged:
+        for name, tensor in items:
+            name = _base_name(name)
+            if ".lora_A." not in name and ".lora_B." not in name:
+                yield name.replace(".base_layer.", "."), tensor
+        return
+    scalings = _scalings(model)
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in items:
+        name = _base_name(name)
+        for part in ("lora_A", "lora_B"):
+            marker = f".{part}."
+            if marker in name:
+                module = name.split(marker)[0]
+                pending.setdefault(module, {})[part] = tensor
+                break
+        else:
+            if ".base_layer." not in name:
+                yield name, tensor
+                continue
+            module, rest = name.split(".base_layer.", 1)
+            if rest != "weight":
+                yield f"{module}.{rest}", tensor
+                continue
+            pending.setdefault(module, {})["weight"] = tensor
+        parts = pending.get(module, {})
+        if len(parts) == 3:
+            del pending[module]
+            weight, a, b = parts["weight"], parts["lora_A"], parts["lora_B"]
+            merged = weight.float() + (b.float() @ a.float()) * scalings[module]            # [out, in]
+            yield f"{module}.weight", merged.to(weight.dtype)
+    if pending:
+        raise ValueError(f"a LoRA state dict without all of base, A and B for {sorted(pending)[:3]}")
+
+
+def served_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], *,
+                      merged: bool = True) -> dict[str, torch.Tensor]:
+    """`served_items` over a whole state dict (an export): the base model's names, adapters merged (or left out)."""
+    return dict(served_items(model, state_dict.items(), merged=merged))
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's tensors of a LoRA model under its own names, whole (DTensor shards gathered: a collective)."""
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if ".lora_A." in name or ".lora_B." in name:
+            out[name] = (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().cpu()
+    return out
+
+
+def save_adapter(model: nn.Module, directory: Path, *, state_dict: dict[str, torch.Tensor], base: str) -> None:
+    """The adapter alone as peft writes it (`adapter_config.json`, `adapter_model.safetensors`) into `directory`;
+    `base`: the model it applies to (`base_model_name_or_path`: the agent's model source)."""
+    model.save_pretrained(str(directory), state_dict=state_dict)
+    config_path = directory / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config["base_model_name_or_path"] = base
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    readme = directory / "README.md"  # peft's model card template: nothing of this run in it
+    if readme.exists():
+        readme.unlink()
+
+
+def load_adapter_dir(model: nn.Module, directory: Path) -> nn.Module:
+    """`model` (the adapter's base, loaded) with the adapter in `directory` merged into its weights: a plain
+    transformers model again. Reads weights only (safetensors), never code."""
+    peft = require_peft()
+    wrapped = peft.PeftModel.from_pretrained(model, str(directory), is_trainable=False)
+    return wrapped.merge_and_unload()

@@ -1,0 +1,177 @@
+"""LoRA agents (`agents.<key>.lora`): only the adapter trains, the base with the adapter off is the KL reference,
+exports merge the adapter (and keep it alone beside), and `served_items` equals peft's own merge."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+from conftest import agent_preset
+from hacrl_lightning.agents import Agent
+from hacrl_lightning.agents.agent import AgentLoadError
+from hacrl_lightning.agents.lora import ADAPTER_DIR, adapter_disabled, is_lora, served_state_dict
+from hacrl_lightning.cli import compose_config
+from hacrl_lightning.presets import PRESETS
+from hacrl_lightning.training import train
+
+PROMPTS = ["What is 3 + 4?", "What is 12 + 9?", "What is 7 + 5?", "What is 20 + 22?"]
+
+
+def lora_agent(name: str, zoo_cache, **lora) -> Agent:
+    return Agent.load(name, agent_preset(name, lora={"rank": 4, **lora}), zoo_cache=zoo_cache, dtype=torch.float32)
+
+
+def trained_adapter(agent: Agent, seed: int = 0) -> Agent:
+    """B drawn away from 0 (as training moves it): the adapter now changes the model's outputs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in agent.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return agent
+
+
+def batch(agent: Agent) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = agent.encode_prompts(PROMPTS)
+    width = max(map(len, rows))
+    ids = torch.tensor([[agent.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def greedy(model, agent: Agent) -> list[list[int]]:
+    ids, mask = batch(agent)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
+                             pad_token_id=agent.pad_token_id)
+    return out[:, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("name", ["tiny_a", "tiny_e"])  # tied embeddings (Qwen3), an untied head
+def test_served_weights_equal_peft_s_own_merge(name, zoo_cache):
+    agent = trained_adapter(lora_agent(name, zoo_cache))
+    served = served_state_dict(agent.model, agent.model.state_dict())
+    merged = copy.deepcopy(agent.model).merge_and_unload().state_dict()
+    assert served.keys() == merged.keys()
+    for key, value in merged.items():  # one fp32 product and add each side: the same rounding
+        torch.testing.assert_close(served[key], value, rtol=0, atol=1e-6, msg=key)
+    moved = [k for k, v in merged.items() if not torch.equal(v, dict(agent.model.get_base_model().named_parameters())
+                                                              .get(k.replace(".weight", ".base_layer.weight"), v))]
+    assert moved, "the adapter changed no weight: the check above compared nothing"
+
+
+def test_a_fresh_adapter_computes_the_base_and_only_the_adapter_trains(zoo_cache):
+    base = Agent.load("tiny_a", agent_preset("tiny_a"), zoo_cache=zoo_cache, dtype=torch.float32)
+    agent = lora_agent("tiny_a", zoo_cache, target_modules=["q_proj", "v_proj"])
+    assert is_lora(agent.model) and not is_lora(base.model)
+    ids, mask = batch(agent)
+    assert torch.equal(agent.token_logprobs(ids, mask).detach(), base.token_logprobs(ids, mask).detach())  # B = 0
+    trainable = [n for n, p in agent.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
+    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == {"q_proj", "v_proj"}
+
+
+def test_the_reference_with_the_adapter_off_is_the_base_model(zoo_cache):
+    """With the adapter switched off a trained LoRA agent scores as a frozen copy of its base, bitwise (the
+    same base weights through the same layers; the adapter's branch is skipped, not added as zero)."""
+    base = Agent.load("tiny_a", agent_preset("tiny_a"), zoo_cache=zoo_cache, dtype=torch.float32)
+    agent = trained_adapter(lora_agent("tiny_a", zoo_cache))
+    ids, mask = batch(agent)
+    with torch.no_grad():
+        on = agent.token_logprobs(ids, mask)
+        with adapter_disabled(agent.model):
+            off = agent.token_logprobs(ids, mask)
+        frozen = base.token_logprobs(ids, mask)
+    assert torch.equal(off, frozen)
+    assert not torch.allclose(on, frozen, atol=1e-3)  # the adapter does change the scores
+
+
+def test_the_merged_export_and_the_adapter_alone_answer_as_the_trained_lora_model(zoo_cache, tmp_path):
+    agent = trained_adapter(lora_agent("tiny_a", zoo_cache))
+    expected = greedy(agent.model, agent)
+    with adapter_disabled(agent.model):
+        assert greedy(agent.model, agent) != expected  # the adapter changes the greedy answers
+    directory = agent.export(tmp_path / "tiny_a")
+    assert (directory / "model.safetensors").is_file() and (directory / ADAPTER_DIR / "adapter_config.json").is_file()
+    assert json.loads((directory / ADAPTER_DIR / "adapter_config.json").read_text())["base_model_name_or_path"] \
+        == "zoo:tiny_a"
+    merged = Agent.load("tiny_a", agent_preset("tiny_a", model=str(directory)), zoo_cache=zoo_cache)
+    adapter = Agent.load("tiny_a", agent_preset("tiny_a", model=str(directory / ADAPTER_DIR)), zoo_cache=zoo_cache)
+    assert not is_lora(merged.model) and not is_lora(adapter.model)  # plain transformers models
+    assert greedy(merged.model, merged) == expected
+    assert greedy(adapter.model, adapter) == expected
+    from transformers import AutoModelForCausalLM  # a deployment: transformers alone
+
+    assert greedy(AutoModelForCausalLM.from_pretrained(directory), agent) == expected
+
+
+def test_a_target_the_model_lacks_is_refused_naming_the_ones_it_has(zoo_cache):
+    with pytest.raises(AgentLoadError) as err:
+        lora_agent("tiny_a", zoo_cache, target_modules=["q_proj", "query_key_value"])
+    message = str(err.value)
+    assert "agents.tiny_a.lora.target_modules" in message and "'query_key_value'" in message
+    assert "'q_proj'" in message and "'down_proj'" in message and "lm_head" not in message
+
+
+class Weights(Callback):
+    """Every agent's state dict and its optimizer's state count at the start and the end of training."""
+
+    def on_train_start(self, trainer, pl_module):
+        self.before = {n: {k: v.detach().clone() for k, v in a.model.state_dict().items()}
+                       for n, a in pl_module.agents.items()}
+        self.module = pl_module
+
+    def on_train_end(self, trainer, pl_module):
+        self.after = {n: {k: v.detach().clone() for k, v in a.model.state_dict().items()}
+                      for n, a in pl_module.agents.items()}
+        opts = pl_module.optimizers()
+        self.optimizer_tensors = {n: len(o.optimizer.state) for n, o in zip(pl_module.local, opts)}
+
+
+def run(tmp_path, zoo_cache, *overrides):
+    cfg, _ = compose_config([
+        "agents=[tiny_a,tiny_b]", "agents.tiny_a.lora.rank=4", "trainer.steps=2", "data.prompts_per_step=4",
+        "trainer.mini_batch_prompts=2", "rollout.group_size=2", "trainer.eval_every=0", "data.eval_size=8",
+        "trainer.micro_batch_size=8", f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}", *overrides])
+    weights = Weights()
+    summary = train(cfg, extra_callbacks=[weights])
+    return summary, weights
+
+
+def assert_only_the_adapter_moved(weights: Weights, lora: str = "tiny_a") -> None:
+    before, after = weights.before[lora], weights.after[lora]
+    adapters = [k for k in before if ".lora_A." in k or ".lora_B." in k]
+    assert adapters and len(adapters) < len(before)
+    for key in before:
+        if key in adapters:
+            assert not torch.equal(before[key], after[key]), f"adapter {key} did not move"
+        else:
+            assert torch.equal(before[key], after[key]), f"base weight {key} changed"
+    assert weights.optimizer_tensors[lora] == len(adapters)  # AdamW state for the adapter only
+
+
+def test_a_mixed_run_trains_only_the_adapter_of_the_lora_agent_and_every_weight_of_the_other(tmp_path, zoo_cache):
+    summary, weights = run(tmp_path, zoo_cache, "algorithm.kl_coef=0.01", "trainer.export_agents=true")
+    assert_only_the_adapter_moved(weights)
+    full_before, full_after = weights.before["tiny_b"], weights.after["tiny_b"]
+    assert all(not torch.equal(full_before[k], full_after[k]) for k in full_before if k.endswith("q_proj.weight"))
+    assert weights.optimizer_tensors["tiny_b"] == len(list(weights.module.agents["tiny_b"].parameters()))
+    assert list(weights.module.references) == ["tiny_b"]  # the KL reference: a copy for tiny_b only
+    assert weights.module.adapter_references == {"tiny_a"}
+    assert summary["status"] == "completed"
+    export = tmp_path / "run" / "exports" / "tiny_a"
+    assert (export / "model.safetensors").is_file() and (export / ADAPTER_DIR / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "run" / "exports" / "tiny_b" / ADAPTER_DIR).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", sorted(PRESETS))
+def test_every_algorithm_preset_trains_a_lora_agent(algorithm, tmp_path, zoo_cache):
+    """The composition matrix with a LoRA agent (and the experiments' KL penalty, so the adapter-off reference runs)."""
+    _, weights = run(tmp_path, zoo_cache, f"algorithm={algorithm}", "algorithm.kl_coef=0.001",
+                     "trainer.export_agents=false")
+    assert_only_the_adapter_moved(weights)
