@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from hacrl_lightning.config import TrainConfig
+from hacrl_lightning.config import LORA_TARGETS_ALL, TrainConfig
 from hacrl_lightning.errors import Problem
 from hacrl_lightning.placement import DEFAULT_SHARE
 
@@ -73,6 +73,9 @@ class Family:
     """q, k and v in one matrix (one tensor, one bias)."""
     keys: Mapping[str, str] = field(default_factory=dict)
     """config.json's names for the standard keys (GPT-2's n_embd for hidden_size, ...)."""
+    linears: tuple = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """The names of a block's linear layers, in `Architecture.block_linears`' order (attention's q, k, v or fused
+    qkv, then its output; the MLP's gate, up, down or in, out): what LoRA's `target_modules` name."""
 
 
 GPT2_KEYS = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
@@ -82,8 +85,9 @@ FAMILIES: Dict[str, Family] = {
     "mistral": Family(),
     "qwen3": Family(qk_norm=True),
     "gpt2": Family(gated_mlp=False, layer_norm=True, learned_positions=True, attention_bias=True, mlp_bias=True,
-                   fused_qkv=True, keys=GPT2_KEYS),
-    "gpt_neox": Family(gated_mlp=False, layer_norm=True, attention_bias=True, mlp_bias=True, fused_qkv=True),
+                   fused_qkv=True, keys=GPT2_KEYS, linears=("c_attn", "c_proj", "c_fc", "c_proj")),
+    "gpt_neox": Family(gated_mlp=False, layer_norm=True, attention_bias=True, mlp_bias=True, fused_qkv=True,
+                       linears=("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")),
 }
 """The model types whose parameters and activations the plan knows (`test_memory_plan` builds each)."""
 
@@ -166,6 +170,22 @@ class Architecture:
         root = 1 + (1 if self.family.learned_positions else 0) + per_norm + (0 if self.tied_embeddings else 1)
         return self.layers * block + root
 
+    def block_linears(self) -> List[tuple[str, int, int]]:
+        """(name, in features, out features) of each linear layer of one block (`Family.linears`)."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        attention = [(h, q + 2 * kv), (q, h)] if self.family.fused_qkv else [(h, q), (h, kv), (h, kv), (q, h)]
+        mlp = [(h, i), (h, i), (i, h)] if self.family.gated_mlp else [(h, i), (i, h)]
+        return [(name, fan_in, fan_out) for name, (fan_in, fan_out) in zip(self.family.linears, attention + mlp)]
+
+    def lora_parameters(self, rank: int, targets: List[str]) -> tuple[int, int]:
+        """(parameters, tensors) of LoRA adapters of `rank` on the `targets` (names, or `all-linear`) of every
+        block: r·(in + out) and two tensors (A, B) per adapted layer."""
+        if rank <= 0:
+            return 0, 0
+        adapted = [(n, i, o) for n, i, o in self.block_linears()
+                   if LORA_TARGETS_ALL in targets or n in {t.rsplit(".", 1)[-1] for t in targets}]
+        return self.layers * sum(rank * (i + o) for _, i, o in adapted), self.layers * 2 * len(adapted)
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Keys and values of one token in every layer."""
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
@@ -237,6 +257,8 @@ class AgentMemory:
 
     name: str
     parameters: int
+    trainable: int
+    """The parameters the optimizer steps: all of them, or a LoRA agent's adapters."""
     master_weights: int
     gradients: int
     adamw: int
@@ -516,16 +538,20 @@ def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int
     under `split` its group's), see AgentMemory."""
     world, c = world or shard_world(cfg), compute_bytes(cfg)
     agent = cfg.agents[name]
-    params = arch.parameters
+    adapter, adapter_tensors = arch.lora_parameters(agent.lora.rank, list(agent.lora.target_modules))
+    params = arch.parameters + adapter
     shard = math.ceil(params / world)
+    # what the optimizer steps: every weight, or (LoRA) the adapters alone, the base frozen in fp32 beside them
+    trained, trained_tensors = (adapter, adapter_tensors) if adapter else (arch.parameters, arch.parameter_tensors)
+    trained_shard = math.ceil(trained / world)
     tokens = agent.max_prompt_len + agent.max_response_len
     rows = cfg.trainer.micro_batch_size
     ranks = world if cfg.trainer.placement == "split" else cfg.trainer.devices * cfg.trainer.num_nodes
     rows_local = max(1, cfg.data.prompts_per_step // ranks) * cfg.responses_per_prompt
     return AgentMemory(
-        name=name, parameters=params, master_weights=4 * shard, gradients=4 * shard,
-        adamw=8 * shard + 4 * arch.parameter_tensors,
-        kl_reference=4 * shard if cfg.algorithm.kl_coef > 0 else 0,
+        name=name, parameters=params, trainable=trained, master_weights=4 * shard, gradients=4 * trained_shard,
+        adamw=8 * trained_shard + 4 * trained_tensors,
+        kl_reference=4 * shard if cfg.algorithm.kl_coef > 0 and not adapter else 0,  # LoRA: the adapter switched off
         gathered=_gathered(arch, cfg, world, c),
         activations=activation_peak(arch, rows, tokens, c, checkpointed=False),
         activations_checkpointed=activation_peak(arch, rows, tokens, c, checkpointed=True),
@@ -642,6 +668,17 @@ def _split(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
     return ["trainer.placement=split", *(f"agents.{name}.ranks={agent.ranks}" for name, agent in cfg.agents.items())]
 
 
+LORA_RANK = 16
+"""The adapter rank `fixes` proposes (on every linear layer of the blocks)."""
+
+
+def _lora(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
+    full = [name for name, agent in cfg.agents.items() if agent.lora.rank == 0]
+    for name in full:
+        cfg.agents[name].lora.rank = LORA_RANK
+    return [f"agents.{name}.lora.rank={LORA_RANK}" for name in full] or None
+
+
 def _more_nodes(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
     if cfg.trainer.strategy != "fsdp":
         if cfg.trainer.devices == 1:
@@ -665,6 +702,8 @@ CHANGES = (("fewer sequences per forward/backward pass: the same update in more 
            ("a smaller engine memory share: a smaller KV cache, slower rollouts", _engine_memory),
            ("each agent on its own GPUs: its state sharded over fewer ranks, the groups generating at once",
             _split),
+           ("LoRA adapters instead of full fine-tuning: gradients and AdamW state for a few million parameters per "
+            "agent and no KL reference copy; a different update (only the adapters learn)", _lora),
            ("more nodes: the training state sharded further", _more_nodes))
 """Changes in the order of what they cost. `algorithm.cross_samples_per_prompt` is not among them: it caps
 the rows a learner trains on (time), not what one micro-batch holds (memory)."""

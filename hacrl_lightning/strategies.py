@@ -86,12 +86,18 @@ def lightning_precision(cfg: TrainerConfig) -> str:
 
 def shard_agent(model: torch.nn.Module, mesh, *, precision: str = "32-true") -> torch.nn.Module:
     """FSDP2-shard one HF causal LM: every transformer block (the classes the model lists in
-    `_no_split_modules`), then the whole model as the root. No per-architecture code.
+    `_no_split_modules`), then the whole model as the root (of a LoRA agent: the transformers model inside its peft
+    wrapper). No per-architecture code.
 
     `precision="bf16-mixed"`: fp32 shards (the master weights, and so fp32 gradients and AdamW
     state), all-gathered as bf16 for compute, gradients reduce-scattered in fp32 (verl's policy)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from hacrl_lightning.agents.lora import is_lora
+
+    if is_lora(model):  # the root is the transformers model inside: peft's `generate` calls its forward, not
+        # the peft model's, and the root's forward is where FSDP2 gathers the weights outside the blocks
+        model = model.get_base_model()
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16-mixed" else MixedPrecisionPolicy()
     block_names = set(getattr(model, "_no_split_modules", None) or ())

@@ -50,6 +50,10 @@ CASES = {
                 "trainer.mini_batch_prompts=2", "trainer.micro_batch_size=3"],
     "grpo": ["algorithm=grpo", "data.prompts_per_step=4", "rollout.group_size=2", "trainer.mini_batch_prompts=2",
              "trainer.micro_batch_size=3"],
+    # hacpo with tiny_a a LoRA agent (FSDP2 over a peft model: frozen base shards, adapter gradients) and the KL
+    # penalty (its reference: the same model with the adapter off)
+    "hacpo_lora": ["algorithm=hacpo", "data.prompts_per_step=6", "rollout.group_size=3", "trainer.mini_batch_prompts=3",
+                   "trainer.micro_batch_size=2", "agents.tiny_a.lora.rank=4", "algorithm.kl_coef=0.01"],
 }
 TWO_RANKS = ["trainer.strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]
 TWO_NODES = ["trainer.strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.num_nodes=2"]

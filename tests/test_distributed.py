@@ -1,6 +1,6 @@
 """Distributed equivalence: one step on 2 gloo ranks (FSDP2) makes the update one rank makes on the same global batch.
 
-hacpo, gspo_x2 and grpo each train one step in fp32 on 1 process and on 2 processes
+hacpo, gspo_x2, grpo and hacpo with a LoRA agent each train one step in fp32 on 1 process and on 2 processes
 (`tests/dist_equivalence.py`: the 2-rank run replays the 1-rank run's sampled token ids, everything
 else is the real path). Compared: optimizer updates and responses per learner, the m of each
 update, the capability window, every logged rate, and the weights.
@@ -142,14 +142,31 @@ def assert_same_update(one: dict, two: dict, case: str, updates: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case, updates", [("hacpo", 4), ("gspo_x2", 4), ("grpo", 2)])
+@pytest.mark.parametrize("case, updates", [("hacpo", 4), ("gspo_x2", 4), ("grpo", 2), ("hacpo_lora", 4)])
 def test_two_ranks_make_the_one_rank_update(runs, case, updates):
     assert_same_update(runs[0][case], runs[1][case], case, updates)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("run", [0, 1], ids=["one_rank", "two_ranks"])
+def test_a_lora_agent_under_fsdp2_moves_only_its_adapter_by_adamw(runs, run):
+    """tiny_a with a LoRA adapter, FSDP2-sharded over 2 ranks (frozen base shards, adapter gradients reduced):
+    every base weight bitwise as it started, every adapter weight AdamW applied to its recorded gradients."""
+    result = runs[run]["hacpo_lora"]
+    initial, final, grads = (result[key]["tiny_a"] for key in ("initial_weights", "weights", "grads"))
+    adapters = {key for key in initial if ".lora_A." in key or ".lora_B." in key}
+    assert adapters and set(grads[0]["grads"]) == adapters
+    for key in initial.keys() - adapters:
+        assert torch.equal(initial[key], final[key]), key
+    replayed = adamw_replay(initial, grads)
+    for key in adapters:
+        assert not torch.equal(initial[key], final[key]), key
+        torch.testing.assert_close(final[key].double(), replayed[key], atol=REPLAY_ATOL, rtol=0, msg=key)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["two_ranks", "four_ranks", "unequal"])
-@pytest.mark.parametrize("case, updates", [("hacpo", 4), ("gspo_x2", 4), ("grpo", 2)])
+@pytest.mark.parametrize("case, updates", [("hacpo", 4), ("gspo_x2", 4), ("grpo", 2), ("hacpo_lora", 4)])
 def test_split_placement_makes_the_one_rank_update(runs, split_runs, layout, case, updates):
     """Each agent trained on its own group of ranks makes the update of the 1-process run: the rewards, the
     capability window and omega (the logged rates) are the global ones, and so are its gradients. `unequal`:

@@ -51,7 +51,7 @@ def greedy(model, agent: Agent) -> list[list[int]]:
     return out[:, ids.shape[1]:].tolist()
 
 
-@pytest.mark.parametrize("name", ["tiny_a", "tiny_e"])  # tied embeddings (Qwen3), an untied head
+@pytest.mark.parametrize("name", ["tiny_a", "tiny_e", "tiny_c"])  # tied (Qwen3), untied (GPT-NeoX), GPT-2's Conv1D
 def test_served_weights_equal_peft_s_own_merge(name, zoo_cache):
     agent = trained_adapter(lora_agent(name, zoo_cache))
     served = served_state_dict(agent.model, agent.model.state_dict())

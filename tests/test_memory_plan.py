@@ -331,3 +331,41 @@ def test_a_split_plan_shards_each_agent_over_its_own_group(script_main, capsys, 
     assert agents["qwen3_8b_base"]["master_weights"] == 4 * -(-agents["qwen3_8b_base"]["parameters"] // 2)
     assert [row["phase"] for row in split["phases"][0]["phases"]] == [
         "rollout qwen3_8b_base", "old log-probs qwen3_8b_base", "update qwen3_8b_base", "weight sync qwen3_8b_base"]
+
+
+@pytest.mark.parametrize("preset", ZOO)
+@pytest.mark.parametrize("targets", [["all-linear"], "first_and_last"], ids=["all_linear", "two_named"])
+def test_lora_parameter_counts_are_peft_s_exactly(preset, targets, zoo_cache):
+    """The adapters' parameters and tensors from the architecture's shapes equal what peft builds on the model,
+    for every linear layer and for two named ones (GPT-2's `c_proj` names two layers of each block)."""
+    from hacrl_lightning.agents.lora import apply_lora
+    from hacrl_lightning.config import LoraConfig
+
+    arch = architecture_of(preset, AgentConfig(model=f"zoo:{preset}"), zoo_cache=zoo_cache)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(_zoo_dir(preset, zoo_cache)))
+    names = [arch.block_linears()[0][0], arch.block_linears()[-1][0]] if targets == "first_and_last" else targets
+    lora = LoraConfig(rank=4, target_modules=names)
+    wrapped = apply_lora(model, lora, key=f"agents.{preset}.lora")
+    trainable = [p for p in wrapped.parameters() if p.requires_grad]
+    assert arch.lora_parameters(4, names) == (sum(p.numel() for p in trainable), len(trainable))
+
+
+@pytest.mark.slow
+def test_a_lora_agent_s_training_state_is_exact_after_one_real_step(tmp_path, zoo_cache):
+    """tiny_a with adapters on every linear layer, tiny_e (GPT-NeoX) on two named ones, the KL penalty on: the plan's
+    master weights (base + adapters), gradients and AdamW state (adapters only) and no reference copy, as measured."""
+    from hacrl_lightning.training import train
+
+    cfg, _ = compose_config(["agents=[tiny_a,tiny_e]", *SMALL, "algorithm.kl_coef=0.001", "agents.tiny_a.lora.rank=8",
+                             "agents.tiny_e.lora.rank=4", "agents.tiny_e.lora.target_modules=[query_key_value,dense]",
+                             f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"])
+    record = StateBytes()
+    train(cfg, extra_callbacks=[record])
+    architectures, problems = run_architectures(cfg)
+    plan = plan_memory(cfg, architectures, 80 * GIB)
+    for agent in plan.agents:
+        measured = record.result[agent.name]
+        measured.pop("updated")
+        assert measured == {"master_weights": agent.master_weights, "gradients": agent.gradients,
+                            "adamw": agent.adamw, "kl_reference": 0}, agent.name
+        assert agent.trainable < agent.parameters // 5 and agent.gradients == 4 * agent.trainable

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -53,10 +54,13 @@ def is_lora(model: nn.Module) -> bool:
 
 
 def linear_names(model: nn.Module) -> list[str]:
-    """The last name part of every linear layer of `model` but its output layer, sorted (what targets can name)."""
+    """The last name part of every linear layer of `model` (GPT-2's `Conv1D` too) but its output layer, sorted
+    (what targets can name)."""
+    from transformers.pytorch_utils import Conv1D
+
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                   if isinstance(module, nn.Linear) and module is not output})
+                   if isinstance(module, (nn.Linear, Conv1D)) and module is not output})
 
 
 def lora_targets(model: nn.Module, lora: LoraConfig, *, key: str) -> list[str] | str:
@@ -79,7 +83,9 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, key: str) -> nn.Module:
     peft = require_peft()
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                              target_modules=lora_targets(model, lora, key=key), task_type="CAUSAL_LM")
-    return peft.get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft sets fan_in_fan_out itself for GPT-2's Conv1D layers, and says so
+        warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
+        return peft.get_peft_model(model, config)
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -92,13 +98,14 @@ def adapter_disabled(model: nn.Module):
     return model.disable_adapter()
 
 
-def _scalings(model: nn.Module) -> dict[str, float]:
-    """{module name without peft's prefix: alpha / rank} of every module with an adapter."""
+def _scalings(model: nn.Module) -> dict[str, tuple[float, bool]]:
+    """{module name without peft's prefix: (alpha / rank, whether its weight is stored [in, out])} of every module
+    with an adapter (GPT-2's `Conv1D` stores [in, out]; peft's `fan_in_fan_out`)."""
     out = {}
     for name, module in model.named_modules():
         scaling = getattr(module, "scaling", None)
         if isinstance(scaling, dict) and "default" in scaling and hasattr(module, "lora_A"):
-            out[_base_name(name)] = float(scaling["default"])
+            out[_base_name(name)] = (float(scaling["default"]), bool(getattr(module, "fan_in_fan_out", False)))
     return out
 
 
@@ -147,7 +154,9 @@ def served_items(model: nn.Module, items: Iterable[tuple[str, torch.Tensor]], *,
         if len(parts) == 3:
             del pending[module]
             weight, a, b = parts["weight"], parts["lora_A"], parts["lora_B"]
-            merged = weight.float() + (b.float() @ a.float()) * scalings[module]            # [out, in]
+            scaling, transposed = scalings[module]
+            delta = (b.float() @ a.float()) * scaling                                        # [out, in]
+            merged = weight.float() + (delta.T if transposed else delta)
             yield f"{module}.weight", merged.to(weight.dtype)
     if pending:
         raise ValueError(f"a LoRA state dict without all of base, A and B for {sorted(pending)[:3]}")
