@@ -25,8 +25,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
 from hacrl_lightning.cli import compose_config
 from hacrl_lightning.config import AgentConfig
 from hacrl_lightning.errors import ConfigError
-from hacrl_lightning.memory import (GIB, Architecture, UnknownArchitecture, activation_peak, arch_file,
-                                    architecture_of, memory_problems, plan_memory, run_architectures)
+from hacrl_lightning.memory import (GIB, Architecture, UnknownArchitecture, activation_peak, arch_file, fixes,
+                                    architecture_of, memory_problems, plan_memory, run_architectures, with_changes)
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = ("tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_e", "tiny_qwen3", "tiny_llama32")
@@ -260,7 +260,7 @@ def test_a_gpu_memory_that_is_not_positive_is_a_config_error(value):
 def _agent(name: str, **figures):
     from hacrl_lightning.memory import AgentMemory
 
-    base = dict(parameters=0, master_weights=0, gradients=0, adamw=0, kl_reference=0, gathered=0, activations=0,
+    base = dict(parameters=0, trainable=0, master_weights=0, gradients=0, adamw=0, kl_reference=0, gathered=0, activations=0,
                 activations_checkpointed=0, forward_peak=0, checkpointing=False, gradient_buffers=0,
                 engine_weights=0, engine_reserve=0, kv_cache=0, kv_sequences=1, engine=0)
     return AgentMemory(name=name, **{**base, **figures})
@@ -369,3 +369,15 @@ def test_a_lora_agent_s_training_state_is_exact_after_one_real_step(tmp_path, zo
         assert measured == {"master_weights": agent.master_weights, "gradients": agent.gradients,
                             "adamw": agent.adamw, "kl_reference": 0}, agent.name
         assert agent.trainable < agent.parameters // 5 and agent.gradients == 4 * agent.trainable
+
+
+def test_lora_is_proposed_where_it_is_what_makes_a_run_fit():
+    """Two 8B agents on one 80 GB GPU: sleep, offload and smaller engine shares leave 140 GiB (the state of the one
+    agent updating, 16 bytes a parameter); LoRA on both, no reference copy, fits (62.3 GiB on 2026-11-27)."""
+    cfg, _ = compose_config(["agents=[qwen3_8b_base,llama3_8b]", "rollout=vllm", "trainer.micro_batch_size=1"])
+    architectures, problems = run_architectures(cfg)
+    changes = fixes(cfg, architectures, 80 * GIB)
+    assert not problems and not changes[-2]["fits"] and changes[-1]["fits"]
+    assert changes[-1]["overrides"] == ["agents.qwen3_8b_base.lora.rank=16", "agents.llama3_8b.lora.rank=16"]
+    planned = plan_memory(with_changes(cfg, changes), architectures, 80 * GIB)
+    assert planned.fits and all(a.kl_reference == 0 and a.gradients < a.master_weights / 100 for a in planned.agents)
