@@ -400,7 +400,7 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
             continue
         if entry.startswith(ZOO_PREFIX):  # as the zoo built it: its saved settings are the training's
             path = Path(resolve_source(entry, entry, key="agents", zoo_cache=zoo_cache))
-        if path.is_dir() and (path / "config.json").exists():
+        if path.is_dir() and any((path / name).exists() for name in CONFIG_FILES):  # a model, or a LoRA adapter
             directories = [path]
         elif path.is_dir():
             exports = path / "exports"  # a run directory without checkpoints: its exported agents
@@ -434,7 +434,10 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
     return agents, sources, checkpoints
 
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+CONFIG_FILES = ("config.json", "adapter_config.json")
+"""A model directory's config: a model's, or a LoRA adapter's (peft's; its base named inside, `Agent.load`)."""
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+                "adapter_model.safetensors")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -450,7 +453,7 @@ def incomplete_export(directory: Path) -> str | None:
         return (f"a newer export into it was cut short ({directory.name + PARTIAL_SUFFIX} is beside it), so it holds "
                 "older weights than the newest export was to write")
     missing = [f"{what} ({' or '.join(names[:2])})" for what, names in (
-        ("config", ("config.json",)), ("weights", WEIGHT_FILES), ("tokenizer files", TOKENIZER_FILES))
+        ("config", CONFIG_FILES), ("weights", WEIGHT_FILES), ("tokenizer files", TOKENIZER_FILES))
         if not any((directory / name).is_file() for name in names)]
     if not missing and _run_of_export(directory) and not (directory / AGENT_FILE).is_file():
         missing.append(f"agent settings ({AGENT_FILE}, written last)")

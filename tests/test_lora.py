@@ -154,7 +154,9 @@ def assert_only_the_adapter_moved(weights: Weights, lora: str = "tiny_a") -> Non
     assert weights.optimizer_tensors[lora] == len(adapters)  # AdamW state for the adapter only
 
 
-def test_a_mixed_run_trains_only_the_adapter_of_the_lora_agent_and_every_weight_of_the_other(tmp_path, zoo_cache):
+def test_a_mixed_run_trains_only_the_adapter_of_the_lora_agent_and_every_weight_of_the_other(tmp_path, zoo_cache,
+                                                                                              script_main, capsys):
+    """Then evaluate.py scores the merged export and the adapter alone as the run's own final evaluation did."""
     summary, weights = run(tmp_path, zoo_cache, "algorithm.kl_coef=0.01", "trainer.export_agents=true")
     assert_only_the_adapter_moved(weights)
     full_before, full_after = weights.before["tiny_b"], weights.after["tiny_b"]
@@ -166,6 +168,14 @@ def test_a_mixed_run_trains_only_the_adapter_of_the_lora_agent_and_every_weight_
     export = tmp_path / "run" / "exports" / "tiny_a"
     assert (export / "model.safetensors").is_file() and (export / ADAPTER_DIR / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "run" / "exports" / "tiny_b" / ADAPTER_DIR).exists()
+    for entry in (export, export / ADAPTER_DIR):
+        out = tmp_path / f"eval_{entry.name}"
+        capsys.readouterr()
+        status = script_main("evaluate")([f"agents=[{entry}]", "benchmarks=[synthetic]", "reward_workers=0", "limit=8",
+                                          f"output_dir={out}", f"zoo_cache={zoo_cache}"])
+        assert status == 0, capsys.readouterr()
+        results = json.loads((out / "results.json").read_text())
+        assert results["agents"]["tiny_a"]["scores"]["synthetic"]["avg@1"] == summary["agents"]["tiny_a"]["final"]["acc"]
 
 
 @pytest.mark.slow

@@ -245,6 +245,8 @@ class Agent(nn.Module):
                     "system_prompt": self.cfg.system_prompt, "max_prompt_len": self.max_prompt_len,
                     "max_response_len": self.max_response_len}
         (directory / AGENT_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+        if lora:
+            (directory / ADAPTER_DIR / AGENT_FILE).write_text(json.dumps(settings, indent=2) + "\n")
         for path in directory.rglob("*"):
             if path.is_file():
                 path.chmod(0o644)
