@@ -25,6 +25,7 @@ import torch
 
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.agents.exchange import AgentView, Rollout, make_rollouts, view_for
+from hacrl_lightning.agents.lora import trainable_parameters
 from hacrl_lightning.algorithms import (CapabilityWindow, compute_advantages, cross_clip_lower, hacpo_loss,
                                         sequence_mean_logp, step_accuracy)
 from hacrl_lightning.data.records import Example
@@ -63,8 +64,8 @@ def check_supported(cfg) -> None:
 
 
 def make_optimizers(agents: dict[str, Agent]) -> dict[str, torch.optim.Optimizer]:
-    """One AdamW per agent, with the agent's own lr, betas and weight decay."""
-    return {name: torch.optim.AdamW(a.parameters(), lr=a.cfg.lr, betas=tuple(a.cfg.betas),
+    """One AdamW per agent over what it trains (a LoRA agent's adapters), with its own lr, betas and weight decay."""
+    return {name: torch.optim.AdamW(trainable_parameters(a), lr=a.cfg.lr, betas=tuple(a.cfg.betas),
                                     weight_decay=a.cfg.weight_decay) for name, a in agents.items()}
 
 

@@ -185,3 +185,18 @@ def test_every_algorithm_preset_trains_a_lora_agent(algorithm, tmp_path, zoo_cac
     _, weights = run(tmp_path, zoo_cache, f"algorithm={algorithm}", "algorithm.kl_coef=0.001",
                      "trainer.export_agents=false")
     assert_only_the_adapter_moved(weights)
+
+
+def test_the_adapter_starts_the_same_whatever_the_process_s_random_state(zoo_cache):
+    """A is drawn from a generator of the agent's own (every rank and the reference loop start alike), and loading
+    leaves the process's generator where it was."""
+    torch.manual_seed(1)
+    first = lora_agent("tiny_a", zoo_cache)
+    after_first = torch.rand(3)
+    torch.manual_seed(2)
+    second = lora_agent("tiny_a", zoo_cache)
+    torch.manual_seed(1)
+    assert torch.equal(torch.rand(3), after_first)
+    for (key, a), (_, b) in zip(first.model.state_dict().items(), second.model.state_dict().items()):
+        assert torch.equal(a, b), key
+    assert any(".lora_A." in key and a.abs().sum() > 0 for key, a in first.model.state_dict().items())

@@ -121,9 +121,10 @@ def run_reference(cfg, examples):
             "capability": window.history}
 
 
-@pytest.fixture(scope="module")
-def both(tmp_path_factory, zoo_cache):
-    cfg = small_config(tmp_path_factory.mktemp("reference") / "run", zoo_cache)
+@pytest.fixture(scope="module", params=[(), ("agents.tiny_a.lora.rank=4",)], ids=["full", "lora"])
+def both(request, tmp_path_factory, zoo_cache):
+    """`lora`: tiny_a trains a rank-4 adapter in both paths (the same peft model from `Agent.load`)."""
+    cfg = small_config(tmp_path_factory.mktemp("reference") / "run", zoo_cache, *request.param)
     framework = run_framework(cfg)
     return cfg, framework, run_reference(cfg, framework["batch"].examples)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -79,12 +80,15 @@ def lora_targets(model: nn.Module, lora: LoraConfig, *, key: str) -> list[str] |
 
 def apply_lora(model: nn.Module, lora: LoraConfig, *, key: str) -> nn.Module:
     """`model` (a transformers causal LM) as a peft LoRA model: every base weight frozen, an adapter on each
-    target (A random, B zero: the wrapped model's outputs equal the base's until a step)."""
+    target (A random, B zero: the wrapped model's outputs equal the base's until a step). A is drawn from a
+    generator seeded by `key` (the agent's), not from the process's: every rank, every load order and the
+    reference loop (`reference.py`) start from the same adapter."""
     peft = require_peft()
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                              target_modules=lora_targets(model, lora, key=key), task_type="CAUSAL_LM")
-    with warnings.catch_warnings():  # peft sets fan_in_fan_out itself for GPT-2's Conv1D layers, and says so
-        warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+        warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")  # peft sets it for Conv1D
+        torch.manual_seed(zlib.crc32(key.encode()))
         return peft.get_peft_model(model, config)
 
 

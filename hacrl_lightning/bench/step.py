@@ -79,6 +79,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", default="bench.json", help="where to write the figures ('' for nowhere)")
     parser.add_argument("--profile", default="", help="a folder: the headline's first framework and bare runs under "
                                                       "cProfile, written there as framework.prof and bare.prof")
+    parser.add_argument("--lora", type=int, default=0, help="every agent a LoRA agent of this rank (0: full "
+                        "fine-tuning); the bare loop trains the same peft models")
     parser.add_argument("--backend", default="hf", choices=["hf", "vllm"],
                         help="rollout engine of both paths: transformers, or one vLLM engine per agent (CUDA or "
                              "vLLM's CPU build), synced after every step in both")
@@ -86,6 +88,11 @@ def add_arguments(parser) -> None:
 
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
+
+
+def lora_overrides(agent_names: list[str], rank: int) -> tuple[str, ...]:
+    """`--lora R`: every agent trains a rank-R adapter (both paths load the same peft models, `Agent.load`)."""
+    return tuple(f"agents.{name}.lora.rank={rank}" for name in agent_names) if rank else ()
 
 
 def configurations(args) -> list[tuple[int, int]]:
@@ -103,7 +110,8 @@ VLLM_SHARE = {"cpu": 0.01, "cuda": 0.15}
 (~240 MB on 24 GB, far more than these batches need), 15% of the GPU's on CUDA (four agents fit)."""
 
 
-def compose(agent_names: list[str], group: int, prompts: int, steps: int, run_dir: str, backend: str = "hf"):
+def compose(agent_names: list[str], group: int, prompts: int, steps: int, run_dir: str, backend: str = "hf",
+            overrides: tuple[str, ...] = ()):
     from hacrl_lightning.cli import compose_config
 
     engine = []
@@ -115,7 +123,7 @@ def compose(agent_names: list[str], group: int, prompts: int, steps: int, run_di
     cfg, _ = compose_config([f"agents=[{','.join(agent_names)}]", "algorithm=hacpo", f"rollout.group_size={group}",
                              f"data.prompts_per_step={prompts}", f"trainer.mini_batch_prompts={min(4, prompts)}",
                              f"trainer.steps={steps}", "trainer.eval_every=0", "trainer.export_agents=false",
-                             f"run_dir={run_dir}", *engine])
+                             f"run_dir={run_dir}", *engine, *overrides])
     return cfg
 
 
@@ -223,7 +231,7 @@ def _weights_mb(agents) -> float:
 
 
 def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int,
-                  backend: str = "hf") -> dict:
+                  backend: str = "hf", overrides: tuple[str, ...] = ()) -> dict:
     """What `train()` builds (`training.build_system`), minus held-out evaluation and checkpoints, with
     fixed-length sampling, phase marks (the module's and the DataModule's `phase_listeners`) and a recorder."""
     import lightning.pytorch as pl
@@ -233,7 +241,7 @@ def run_framework(agent_names: list[str], group: int, prompts: int, steps: int, 
 
     memory = PhaseMemory()
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = compose(agent_names, group, prompts, warmup + steps, run_dir, backend)
+        cfg = compose(agent_names, group, prompts, warmup + steps, run_dir, backend, overrides)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         module, datamodule, callbacks, _ = build_system(cfg, Path(run_dir), datamodule_class=fixed_length_datamodule())
         callbacks, recorder = instrument(module, datamodule, callbacks, memory, warmup)
@@ -353,12 +361,13 @@ class StepRecorder(Callback):
 # -- (b) the bare loop -----------------------------------------------------------------------------
 
 
-def run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str = "hf") -> dict:
+def run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str = "hf",
+             overrides: tuple[str, ...] = ()) -> dict:
     """The same steps without the framework: `reference.hacpo_step`, no Lightning. With the vLLM backend, the
     same engines as the framework's (`VLLMEngine`, built from the same exports) generate, and each is
     synced after its agent's updates, as `WeightSyncCallback` does."""
     with tempfile.TemporaryDirectory() as engine_dir:
-        return _run_bare(agent_names, group, prompts, steps, warmup, backend, Path(engine_dir))
+        return _run_bare(agent_names, group, prompts, steps, warmup, backend, Path(engine_dir), overrides)
 
 
 class FullLength:
@@ -373,7 +382,7 @@ class FullLength:
 
 
 def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str,
-              engine_dir: Path) -> dict:
+              engine_dir: Path, overrides: tuple[str, ...] = ()) -> dict:
     import torch
 
     from hacrl_lightning import reference
@@ -384,7 +393,7 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
     from hacrl_lightning.training import load_agents
 
     memory = PhaseMemory()
-    cfg = compose(agent_names, group, prompts, warmup + steps, str(engine_dir / "run"), backend)
+    cfg = compose(agent_names, group, prompts, warmup + steps, str(engine_dir / "run"), backend, overrides)
     torch.manual_seed(cfg.seed)
     loaded = load_agents(cfg)          # loading is not timed
     if backend == "vllm":
@@ -497,7 +506,7 @@ def summarise(framework: dict, bare: dict, n: int, G: int, prompts: int, repeats
 
 
 def _job(path: str, names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str,
-         profile: str = "") -> dict:
+         profile: str = "", overrides: tuple[str, ...] = ()) -> dict:
     """One path's run in this (fresh) process; with `profile`, under cProfile, its statistics written there
     (the whole run: building, warm-up and timed steps; `pstats` sorts them)."""
     import warnings
@@ -505,12 +514,12 @@ def _job(path: str, names: list[str], group: int, prompts: int, steps: int, warm
     warnings.filterwarnings("ignore")
     run = run_framework if path == "framework" else run_bare
     if not profile:
-        return run(names, group, prompts, steps, warmup, backend)
+        return run(names, group, prompts, steps, warmup, backend, overrides)
     import cProfile
 
     profiler = cProfile.Profile()
     try:
-        return profiler.runcall(run, names, group, prompts, steps, warmup, backend)
+        return profiler.runcall(run, names, group, prompts, steps, warmup, backend, overrides)
     finally:
         profiler.dump_stats(profile)
 
@@ -547,7 +556,7 @@ def run(args) -> dict:
                     profile = (str(Path(args.profile) / f"{path}.prof")
                                if args.profile and index == 0 and not repeats else "")
                     pair[path] = pool.submit(_job, path, agents[:n], G, args.prompts, args.steps, args.warmup,
-                                             args.backend, profile).result()
+                                             args.backend, profile, lora_overrides(agents[:n], args.lora)).result()
                 paths[path] = _pool(paths.get(path), pair[path])
             repeats.append(ratios(pair["framework"], pair["bare"]))
         results.append(summarise(paths["framework"], paths["bare"], n, G, args.prompts, repeats))
@@ -562,7 +571,7 @@ def run(args) -> dict:
         "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
         "wall_s": time.perf_counter() - started,
         "headline": {"n": head["n"], "G": head["G"]},
-        "backend": args.backend,
+        "backend": args.backend, "lora_rank": args.lora,
         "framework_over_bare": head["framework_over_bare"],
         "framework_over_bare_wall": head["framework_over_bare_wall"],
         "spread": head["spread"], "outside_phases_share": head["outside_phases_share"],
