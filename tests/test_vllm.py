@@ -225,15 +225,19 @@ def test_a_bf16_engine_synced_through_shared_memory_answers_as_one_built_from_th
     assert after == expected
 
 
-def test_train_script_with_vllm_rollouts_matches_a_transformers_evaluation(tmp_path, zoo_cache):
+@pytest.mark.parametrize("lora", [[], ["agents.tiny_a.lora.rank=8", "agents.tiny_a.lora.engine=adapter",
+                                      "agents.tiny_b.lora.rank=8"]], ids=["full", "lora"])
+def test_train_script_with_vllm_rollouts_matches_a_transformers_evaluation(tmp_path, zoo_cache, lora):
     """`scripts/train.py rollout=vllm` on the default pair: engines in their own processes, synced after
     every step; the held-out accuracy the synced engines measured at the end equals the transformers
-    backend's greedy accuracy of the exported agents on the same prompts."""
+    backend's greedy accuracy of the exported agents on the same prompts. `lora`: both agents LoRA, tiny_a's
+    engine applying the adapter itself (a LoRA request), tiny_b's receiving the merged weights."""
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm",
                            "trainer.mismatch_every=1", "trainer.steps=3",
                            "data.eval_size=32", "rollout.group_size=4", f"run_dir={run}", f"zoo_cache={zoo_cache}",
-                           "agents.tiny_a.gpu_memory_utilization=0.01", "agents.tiny_b.gpu_memory_utilization=0.01"],
+                           "agents.tiny_a.gpu_memory_utilization=0.01", "agents.tiny_b.gpu_memory_utilization=0.01",
+                           *lora],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((run / "summary.json").read_text())
