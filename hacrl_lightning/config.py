@@ -903,6 +903,9 @@ class EvaluateConfig:
     `overwrite=true` (then only evaluate.py's own files in it are replaced)."""
     overwrite: bool = False
     """Replace evaluate.py's own files in an `output_dir` that holds other files."""
+    save_responses: bool = False
+    """Also write `responses.jsonl` in `output_dir`: every answer with its question, the prompt as the agent saw
+    it, its last `\\boxed{}`, the gold answer and the reward (why a model scores what it scores)."""
     zoo_cache: Optional[str] = None
     """Cache of built tiny agents (default: $HACRL_ZOO_CACHE or ~/.cache/hacrl_lightning/zoo)."""
     trust_remote_code: bool = False

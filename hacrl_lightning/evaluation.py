@@ -36,11 +36,13 @@ from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pas
 from hacrl_lightning.config import AgentConfig, TrainConfig
 from hacrl_lightning.data.benchmarks import get_benchmark
 from hacrl_lightning.data.records import Example
+from hacrl_lightning.rewards.exact_match import extract_boxed
 from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
 
 __all__ = [
     "PROTOCOLS", "BatchScorer", "EvalPlan", "answer_rewards", "avg_at_k", "evaluate_agents", "format_table", "load_eval_agents",
-    "pass_at_k", "plan_benchmarks", "score_correct", "serial_scorer", "unbiased_pass_at_k", "write_results",
+    "pass_at_k", "plan_benchmarks", "response_records", "score_correct", "serial_scorer", "unbiased_pass_at_k",
+    "write_responses", "write_results",
 ]
 
 PROTOCOLS = ("paper", "custom")
@@ -114,10 +116,14 @@ def serial_scorer(reward_fn: Callable[[str, str], float]) -> BatchScorer:
 
 
 def answer_rewards(agent: Agent, engine: RolloutEngine, examples: Sequence[Example], *, samples: int,
-                   temperature: float | None, seed: int, score: BatchScorer) -> torch.Tensor:
+                   temperature: float | None, seed: int, score: BatchScorer,
+                   answers_out: list | None = None) -> torch.Tensor:
     """One agent's rewards on `samples` answers to each problem, [P, samples] float64 (the one
-    held-out scorer: benchmark tables here, and the DataModule's evaluation during training)."""
+    held-out scorer: benchmark tables here, and the DataModule's evaluation during training).
+    `answers_out`: a list that receives the decoded answers, [P][samples]."""
     answers = _answers(agent, engine, examples, samples=samples, temperature=temperature, seed=seed)
+    if answers_out is not None:
+        answers_out.extend(answers)
     texts, golds = [text for row in answers for text in row], [ex.gold for ex in examples for _ in range(samples)]
     if any(ex.extras for ex in examples):  # a data file's extra fields reach a reward that asks for them
         flat = score(texts, golds, [ex.extras for ex in examples for _ in range(samples)])
@@ -131,14 +137,16 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
                     engines: Mapping[str, RolloutEngine], temperature: float | None = None, seed: int = 0,
                     protocol: str = "paper", sources: Mapping[str, str] | None = None,
                     checkpoints: Mapping[str, Mapping[str, Any]] | None = None,
-                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    progress: Callable[[str], None] | None = None,
+                    responses: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Every agent on every planned benchmark; returns the results (what `write_results` stores).
 
     `results["agents"][agent]["scores"][benchmark]` holds avg@n, pass@k, the headline score and
     each problem's count of correct answers; `["average"]` is the mean headline score (the
     paper's AVG column). `score` is one scorer, or one per benchmark (each benchmark's own reward).
     `checkpoints`: for agents loaded from a training checkpoint, its `file`, `step` and `run` state
-    (`load_eval_agents`), kept as the agent's `checkpoint`.
+    (`load_eval_agents`), kept as the agent's `checkpoint`. `responses`: a list that receives one record per
+    answer (`response_records`: what `evaluate.py save_responses=true` writes).
     """
     results: dict[str, Any] = {
         "protocol": protocol,
@@ -151,9 +159,12 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
         rows: dict[str, Any] = {}
         for b, plan in enumerate(plans):
             examples = list(benchmarks[plan.benchmark])
+            answers: list[list[str]] = []
             rewards = answer_rewards(agent, engines[name], examples, samples=plan.samples, temperature=temperature,
-                                     seed=seed + 1000 * j + b,
+                                     seed=seed + 1000 * j + b, answers_out=answers,
                                      score=score[plan.benchmark] if isinstance(score, Mapping) else score)  # [P, n]
+            if responses is not None:
+                responses += response_records(name, plan.benchmark, agent, examples, answers, rewards)
             scores = score_correct(rewards, plan.pass_k)
             rows[plan.benchmark] = {
                 **scores, "headline": scores[plan.headline],
@@ -171,6 +182,26 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
         if name in (checkpoints or {}):
             results["agents"][name]["checkpoint"] = dict(checkpoints[name])
     return results
+
+
+def response_records(name: str, benchmark: str, agent: Agent, examples: Sequence[Example],
+                     answers: Sequence[Sequence[str]], rewards: torch.Tensor) -> list[dict[str, Any]]:
+    """One record per answer: the agent, benchmark, problem id, sample, question, the prompt as the agent saw it
+    (its chat template), the response, its last `\\boxed{}` (what the built-in rewards read; null without one),
+    the gold answer and the reward."""
+    prompts = agent.render_prompts([ex.prompt for ex in examples])
+    return [{"agent": name, "benchmark": benchmark, "prompt_id": ex.prompt_id, "sample": k, "question": ex.prompt,
+             "prompt": prompt, "response": text, "boxed": extract_boxed(text), "gold": ex.gold,
+             "reward": float(rewards[p, k])}
+            for p, (ex, prompt, row) in enumerate(zip(examples, prompts, answers)) for k, text in enumerate(row)]
+
+
+def write_responses(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
+    """`records` as JSON lines (`response_records`), written to a temporary name and renamed."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+    return tmp.replace(path)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -200,7 +200,8 @@ def check_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
     problems += reward_code_problems([("reward", cfg.reward)] if cfg.reward else [])
     output = output_dir_problem(cfg.output_dir, key="output_dir", overwrite=cfg.overwrite,
                                 owned=evaluation_folder(cfg.output_dir),
-                                writes="evaluate.yaml, results.json and results.md")
+                                writes="evaluate.yaml, results.json" + (", results.md and responses.jsonl"
+                                                                        if cfg.save_responses else " and results.md"))
     problems += [output] if output else []
     seen = {p.key for p in problems}
     problems += [p for p in evaluate_machine_problems(cfg) if p.key not in seen]

@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
 
 
 def _evaluate(cfg, dcfg, out: Path, agents, sources, checkpoints, benchmarks, plans, rewards, device) -> int:
-    from hacrl_lightning.evaluation import build_engines, evaluate_agents, format_table, write_results
+    from hacrl_lightning.evaluation import build_engines, evaluate_agents, format_table, write_responses, write_results
     from hacrl_lightning.rewards import Reward, RewardPool
 
     save_resolved(dcfg, out, name="evaluate.yaml")
@@ -115,15 +115,19 @@ def _evaluate(cfg, dcfg, out: Path, agents, sources, checkpoints, benchmarks, pl
         if info["run"] == "training":
             print(f"note: {name}'s run is still training: scored at its newest checkpoint, step {info['step']} of "
                   f"{info['steps_wanted']} ({info['file']}); a later checkpoint or its exports will differ")
+    responses = [] if cfg.save_responses else None
     with ExitStack() as stack:
         pools = {reward: stack.enter_context(RewardPool(Reward.of(reward), workers=cfg.reward_workers,
                                                         timeout_s=cfg.reward_timeout_s))
                  for reward in dict.fromkeys(rewards.values())}
         results = evaluate_agents(agents, benchmarks, plans, score={b: pools[r].score for b, r in rewards.items()},
                                   engines=engines, temperature=cfg.temperature, seed=cfg.seed, protocol=cfg.protocol,
-                                  sources=sources, checkpoints=checkpoints, progress=print)
+                                  sources=sources, checkpoints=checkpoints, progress=print,
+                                  responses=responses)
         results["reward_failures"] = {reward: dict(pool.stats) for reward, pool in pools.items()}
     results["settings"] = OmegaConf.to_container(dcfg, resolve=True)
+    if responses is not None:
+        print(f"responses: {write_responses(responses, out / 'responses.jsonl')} ({len(responses)} answers)")
     json_path, md_path = write_results(results, out)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # "no results were written" no longer holds
     print(format_table(results))

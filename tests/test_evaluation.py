@@ -378,3 +378,23 @@ def test_evaluate_on_two_exported_agents_writes_table_and_files(exports, arithme
                    for g, ex in zip(generations, examples)]
         assert results["agents"][name]["scores"]["gsm8k"]["correct"] == correct
     assert any(sum(r["scores"]["gsm8k"]["correct"]) > 0 for r in results["agents"].values())
+
+
+def test_save_responses_writes_every_answer_with_its_prompt_boxed_answer_and_reward(script_main, capsys, tmp_path,
+                                                                                     zoo_cache):
+    """`save_responses=true`: one JSON line per answer; its rewards are the ones the table counts, and each reward
+    is exact match of its `boxed` field with the gold answer (the synthetic task's reward)."""
+    out = tmp_path / "eval"
+    status = script_main("evaluate")(["agents=[zoo:tiny_b]", "benchmarks=[synthetic]", "limit=16", "reward_workers=0",
+                                      "save_responses=true", f"output_dir={out}", f"zoo_cache={zoo_cache}"])
+    assert status == 0, capsys.readouterr()
+    records = [json.loads(line) for line in (out / "responses.jsonl").read_text().splitlines()]
+    results = json.loads((out / "results.json").read_text())
+    row = results["agents"]["tiny_b"]["scores"]["synthetic"]
+    assert len(records) == 16 and [r["prompt_id"] for r in records] == row["prompt_ids"]
+    assert [int(r["reward"] > 0) for r in records] == row["correct"] and 0 < sum(row["correct"]) < 16
+    for r in records:
+        assert r["agent"] == "tiny_b" and r["benchmark"] == "synthetic" and r["sample"] == 0
+        assert r["question"] in r["prompt"] and r["prompt"] != r["question"]  # the chat template around it
+        assert r["reward"] == float(r["boxed"] is not None and r["boxed"].strip() == r["gold"].strip())
+    assert "responses.jsonl" in capsys.readouterr().out
