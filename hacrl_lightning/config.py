@@ -511,6 +511,10 @@ class TrainerConfig:
     pass over the step's responses on those steps and does not change training (docs/training.md#diagnostics).
     Algorithms whose learners train on their own responses only (grpo, gspo, gspo_x2) have nothing to measure:
     it does not run for them."""
+    no_signal_steps: int = setting(5, harmless=True)
+    """Warn when every reward of an agent's responses is the same value in this many steps in a row (its own
+    responses then teach it nothing: the warning names it and what usually fixes it; 0: never). The summary lists
+    each such stretch (`no_signal`)."""
     mismatch_every: int = setting(10, harmless=True, implied=1)
     """Measure the rollout/trainer mismatch (`{agent}/rollout/logp_diff_*`) of engines that report log-probs
     cheaply (vLLM) on steps 0, k, 2k, ... (0: never): they are asked for the sampled tokens' log-probs only on
@@ -835,6 +839,7 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.max_nonfinite_skips", tr.max_nonfinite_skips, strict=False)
     c.positive("trainer.diagnostics_every", tr.diagnostics_every, strict=False)
     c.positive("trainer.mismatch_every", tr.mismatch_every, strict=False)
+    c.positive("trainer.no_signal_steps", tr.no_signal_steps, strict=False)
     c.positive("trainer.gpu_memory_gib", tr.gpu_memory_gib)
     if tr.mini_batch_prompts > 0 and cfg.data.prompts_per_step > 0:
         mini = tr.mini_batch_prompts

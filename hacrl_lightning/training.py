@@ -29,6 +29,7 @@ from hacrl_lightning.algorithms.capability import CapabilityWindow
 from hacrl_lightning.callbacks.capability import CapabilityCallback
 from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, StepCheckpoint, latest_checkpoint, resume_checkpoint
 from hacrl_lightning.callbacks.interrupt import RunInterrupted, StopOnSignal, catch_signals
+from hacrl_lightning.callbacks.no_signal import NoSignalWarning
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
 from hacrl_lightning.callbacks.hparams import ConfigHParams
 from hacrl_lightning.callbacks.progress import PlainProgress, interactive
@@ -148,7 +149,7 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
     roles = {"timer": StepTimer(started=started),
              "evaluation": HeldOutEvalCallback(datamodule, every=cfg.trainer.eval_every,
                                                samples=cfg.trainer.eval_samples),
-             "stop": StopOnSignal()}
+             "stop": StopOnSignal(), "no_signal": NoSignalWarning(names, steps=cfg.trainer.no_signal_steps)}
     callbacks = [
         roles["stop"],  # first: a signal during the initial evaluation already counts as "stop after this step"
         # before each step, in this order or any: they hand the step's omega and clip bounds forward on its batch
@@ -157,6 +158,7 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
                              mini_batch_size=settings.mini_batch_size),
         WeightSyncCallback(datamodule, residency),
         roles["timer"],  # after weight sync (part of a step), before evaluation (not part of it)
+        roles["no_signal"],
         *([] if interactive() else [PlainProgress(every=cfg.trainer.progress_every, steps=cfg.trainer.steps,
                                                   timer=roles["timer"])]),
         roles["evaluation"],
@@ -366,6 +368,7 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Call
         "run_dir": str(Path(cfg.run_dir).resolve()),
         "prompts_dropped_overlong": overlong,
         "agents": agents,
+        "no_signal": list(roles["no_signal"].stretches) if "no_signal" in roles else [],
         "eval_history": evaluation.history,
     }
 

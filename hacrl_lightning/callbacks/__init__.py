@@ -1,4 +1,4 @@
-"""The Lightning callbacks of a run, nine of them, each owning one concern at its hooks:
+"""The Lightning callbacks of a run, ten of them, each owning one concern at its hooks:
 
 - `CapabilityCallback` (`capability.py`): the capability window's state, updated once per step over the
   global batch before the update (it hands the step's omega forward on the batch) and saved in checkpoints;
@@ -14,6 +14,7 @@
 - `StopOnSignal` (`interrupt.py`): turns SIGINT/SIGTERM/SIGHUP into a stop after the current step,
   agreed by every rank;
 - `PlainProgress` (`progress.py`): a progress line per step on stdout when it is not a terminal;
+- `NoSignalWarning` (`no_signal.py`): warns when an agent's rewards are all one value for several steps in a row;
 - `ConfigHParams` (`hparams.py`): the resolved config as TensorBoard hparams.
 
 Data flows one way: the DataModule makes a step, the callbacks complete it at `on_train_batch_start`, the
