@@ -428,6 +428,11 @@ class DataConfig:
     """Math tasks: local jsonl/json/parquet files (the benchmark's columns or verl's schema) instead of the hub."""
     eval_files: List[str] = field(default_factory=list)
     """Math tasks: local held-out files (as train_files); the first `eval_size` problems are used."""
+    few_shot: int = setting(0, implied=0)
+    """Worked examples in front of every question, training and held-out alike: the train split's first k (never
+    the prompt itself), each its question and `\\boxed{answer}`, inside the one user turn each agent renders
+    through its own chat template. For a model that does not yet write the answer form the reward reads
+    (0: none; prompts grow: mind `agents.<key>.max_prompt_len`)."""
     reward: str = "exact_match"
     """The reward: a registered name (`exact_match`, `math_verify`), or your own function as `module:function` or
     `path/to/file.py:function` (named on the command line: it runs code; docs/data.md, "A task of your own")."""
@@ -790,6 +795,7 @@ def _check_rollout(c: Checks, cfg: TrainConfig) -> None:
 
 
 def _check_data(c: Checks, cfg: TrainConfig) -> None:
+    c.positive("data.few_shot", cfg.data.few_shot, strict=False)
     weights = [term.weight for term in cfg.data.rewards]
     for i, term in enumerate(cfg.data.rewards):
         if term.weight is None or term.weight < 0:
@@ -908,6 +914,11 @@ class EvaluateConfig:
     `overwrite=true` (then only evaluate.py's own files in it are replaced)."""
     overwrite: bool = False
     """Replace evaluate.py's own files in an `output_dir` that holds other files."""
+    few_shot: int = 0
+    """Worked examples in front of every question, as a run's `data.few_shot` puts them (give the run's value to
+    score its agents on the prompts they trained on): the first k of the train split of `few_shot_task`."""
+    few_shot_task: str = "synthetic"
+    """The task whose train split gives the worked examples (`synthetic`, `math`, `gsm8k`; its default settings)."""
     save_responses: bool = False
     """Also write `responses.jsonl` in `output_dir`: every answer with its question, the prompt as the agent saw
     it, its last `\\boxed{}`, the gold answer and the reward (why a model scores what it scores)."""
@@ -933,6 +944,7 @@ def evaluate_problems(cfg: EvaluateConfig) -> List[Problem]:
             c.bad(f"files.{name}", cfg.files[name], f"a benchmark of this run {list(cfg.benchmarks)}",
                   f"add {name} to benchmarks or drop files.{name}")
     c.positive("samples", cfg.samples)
+    c.positive("few_shot", cfg.few_shot, strict=False)
     if cfg.protocol == "paper" and (cfg.samples != 1 or cfg.pass_k):
         c.bad("samples/pass_k", (cfg.samples, list(cfg.pass_k)), "the defaults under protocol=paper (it fixes them)",
               "use protocol=custom to choose samples and pass_k")

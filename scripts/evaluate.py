@@ -36,7 +36,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from hacrl_lightning.cli import (EVALUATE_SETTINGS, compose_evaluate, help_text, help_topic, parse_cli,  # noqa: E402
                                  save_resolved, settings_text, wants_help)
-from hacrl_lightning.config import AgentConfig  # noqa: E402
+from hacrl_lightning.config import AgentConfig, DataConfig  # noqa: E402
 from hacrl_lightning.errors import ConfigError  # noqa: E402
 
 
@@ -65,6 +65,7 @@ def main(argv: list[str]) -> int:
     from hacrl_lightning.agents.sources import AgentLoadError
     from hacrl_lightning.data.benchmarks import BenchmarkLoadError, DataFormatError, get_benchmark, load_benchmark
     from hacrl_lightning.evaluation import load_eval_agents, plan_benchmarks
+    from hacrl_lightning.data.tasks import few_shot_pool, load_task, with_few_shot
     from hacrl_lightning.rewards import exclude_unscorable
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
@@ -78,10 +79,13 @@ def main(argv: list[str]) -> int:
     try:
         plans = plan_benchmarks(cfg.benchmarks, protocol=cfg.protocol, samples=cfg.samples, pass_k=cfg.pass_k)
         benchmarks = {}
+        shots = few_shot_pool(load_task(DataConfig(name=cfg.few_shot_task))[0], cfg.few_shot) if cfg.few_shot else []
         for name in cfg.benchmarks:
             files = cfg.files.get(name) or []
             loaded = load_benchmark(name, [files] if isinstance(files, str) else list(files), limit=cfg.limit)
             benchmarks[name] = exclude_unscorable(loaded, rewards[name], what=name)
+            if shots:
+                benchmarks[name] = with_few_shot(benchmarks[name], shots, cfg.few_shot)
             where = "generated" if not get_benchmark(name).hub_id else (files or "the hub")
             print(f"{name}: {len(benchmarks[name])} problems from {where}, scored by {rewards[name]}")
         agents, sources, checkpoints = load_eval_agents(cfg.agents, zoo_cache=cfg.zoo_cache, adjust=adjust,

@@ -398,3 +398,20 @@ def test_save_responses_writes_every_answer_with_its_prompt_boxed_answer_and_rew
         assert r["question"] in r["prompt"] and r["prompt"] != r["question"]  # the chat template around it
         assert r["reward"] == float(r["boxed"] is not None and r["boxed"].strip() == r["gold"].strip())
     assert "responses.jsonl" in capsys.readouterr().out
+
+
+def test_few_shot_evaluates_on_the_prompts_a_few_shot_run_trains_on(script_main, capsys, tmp_path, zoo_cache):
+    """`few_shot=2`: each question after the same two worked examples of the synthetic train split that
+    `data.few_shot=2` gives a run (its held-out prompts, exactly)."""
+    from hacrl_lightning.config import DataConfig
+    from hacrl_lightning.data.tasks import load_task
+
+    out = tmp_path / "eval"
+    status = script_main("evaluate")(["agents=[zoo:tiny_b]", "benchmarks=[synthetic]", "limit=4", "reward_workers=0",
+                                      "few_shot=2", "max_prompt_len=256", "save_responses=true", f"output_dir={out}",
+                                      f"zoo_cache={zoo_cache}"])
+    assert status == 0, capsys.readouterr()
+    records = [json.loads(line) for line in (out / "responses.jsonl").read_text().splitlines()]
+    _, held_out = load_task(DataConfig(few_shot=2))
+    assert [r["question"] for r in records] == [ex.prompt for ex in list(held_out)[:4]]
+    assert all(r["question"].count("\\boxed{") == 5 for r in records)  # 2 x (a question's ask, its answer) + its own ask

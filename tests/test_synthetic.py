@@ -68,3 +68,22 @@ def test_dataset_is_sized_and_texts_use_the_task_alphabet():
     texts = task_texts(n=8)
     assert any(t.startswith("\\boxed{") for t in texts)
     assert set("".join(texts)) <= set(TASK_ALPHABET)
+
+
+def test_few_shot_puts_k_worked_train_examples_before_every_question_never_its_own():
+    from hacrl_lightning.data.tasks import load_task
+
+    plain_train, plain_eval = load_task(DataConfig())
+    train, held_out = load_task(DataConfig(few_shot=2))
+    first, second, third = (list(plain_train)[i] for i in range(3))
+    worked = lambda ex: f"{ex.prompt}\n{format_answer(ex.gold)}\n\n"  # noqa: E731
+    assert train[0].prompt == worked(second) + worked(third) + first.prompt  # its own never among its examples
+    assert train[1].prompt == worked(first) + worked(third) + second.prompt
+    for plain, shot in ((plain_train[5], train[5]), (plain_eval[0], held_out[0])):  # the same two for every other
+        assert shot.prompt == worked(first) + worked(second) + plain.prompt
+        assert shot._replace(prompt=plain.prompt) == plain  # id, gold and extras unchanged
+    assert len(train) == len(plain_train) and len(held_out) == len(plain_eval)
+    with pytest.raises(ValueError, match=r"data.few_shot=5: the train split holds 3 problems"):
+        from hacrl_lightning.data.tasks import few_shot_pool
+
+        few_shot_pool(list(plain_train)[:3], 5)

@@ -4,7 +4,8 @@ A task is a function of the `DataConfig` returning two sized `PromptDataset`s of
 `synthetic` (offline arithmetic), `math` (MATH train 7.5k, held out on MATH-500) and `gsm8k` (train /
 test). The math tasks read `data.train_files` / `data.eval_files` (jsonl, json or parquet, in the
 benchmark's own columns or verl's schema) when given, else the hub (`data/benchmarks.py`); the
-held-out set keeps its first `data.eval_size` problems. Deliberately not here: rewards
+held-out set keeps its first `data.eval_size` problems. `data.few_shot=k` puts k worked examples of the train
+split in front of every question of both sets (`with_few_shot`). Deliberately not here: rewards
 (`hacrl_lightning.rewards`) and batching (the DataModule).
 """
 
@@ -15,7 +16,7 @@ from typing import Callable, Sequence
 
 from hacrl_lightning.config import DataConfig
 from hacrl_lightning.data.benchmarks import load_benchmark
-from hacrl_lightning.data.records import PromptDataset
+from hacrl_lightning.data.records import Example, PromptDataset
 from hacrl_lightning.data.synthetic import format_answer, synthetic_dataset
 from hacrl_lightning.errors import suggest
 
@@ -62,8 +63,35 @@ def load_task(cfg: DataConfig) -> tuple[PromptDataset, PromptDataset]:
                       for f in [*cfg.train_files, *cfg.eval_files]]))
     if key not in _last:
         _last.clear()
-        _last[key] = TASKS[cfg.name](cfg)
+        train, held_out = TASKS[cfg.name](cfg)
+        if cfg.few_shot:
+            shots = few_shot_pool(train, cfg.few_shot)
+            train, held_out = (PromptDataset(with_few_shot(split, shots, cfg.few_shot), name=split.name)
+                               for split in (train, held_out))
+        _last[key] = train, held_out
     return _last[key]
+
+
+def few_shot_pool(train: Sequence[Example], k: int) -> list[Example]:
+    """The worked examples of `data.few_shot=k`: the train split's first k + 1 (one spare, for the prompts that
+    are themselves among the first k)."""
+    if len(train) < k + 1:
+        raise ValueError(f"data.few_shot={k}: the train split holds {len(train)} problems, and a prompt is never its "
+                         f"own example: it needs at least {k + 1}. Fix: a smaller data.few_shot or more train data")
+    return list(train)[: k + 1]
+
+
+def with_few_shot(examples: Sequence[Example], pool: Sequence[Example], k: int) -> list[Example]:
+    """Each example with k worked examples before its question, in its prompt text (one user turn: every agent
+    renders it through its own chat template): each a question and its answer as the task expects it
+    (`\\boxed{gold}`), a blank line apart, never the example itself; the same k for every prompt but those
+    among them. Ids, gold answers and extras are unchanged."""
+    out = []
+    for ex in examples:
+        shots = [shot for shot in pool if shot.prompt_id != ex.prompt_id][:k]
+        worked = "".join(f"{shot.prompt}\n{format_answer(shot.gold)}\n\n" for shot in shots)
+        out.append(ex._replace(prompt=worked + ex.prompt))
+    return out
 
 
 def task_check_texts(splits: Sequence[PromptDataset]) -> list[str]:
