@@ -136,6 +136,7 @@ LORA_TARGETS_ALL = "all-linear"
 """`lora.target_modules` entry for every linear layer of the transformer blocks (peft's `all-linear`: not the
 output layer)."""
 LORA_ENGINE_MODES = ("merged", "adapter")
+KEEP_AT_END = ("checkpoint", "exports")
 
 
 @dataclass
@@ -497,6 +498,11 @@ class TrainerConfig:
     checkpoint_every: int = setting(0, harmless=True)
     """Checkpoint every this many steps (0: not by step count). A checkpoint is also written after the last
     step and when the run is interrupted (SIGINT/SIGTERM)."""
+    keep_at_end: str = setting("checkpoint", harmless=True)
+    """What a completed run keeps: `checkpoint` (its last full checkpoint, which resumes and extends it) or
+    `exports` (only `exports/`: no checkpoint after the last step, and the run's earlier checkpoints removed once
+    every export is written; it cannot be resumed or extended then). An interrupted or failed run keeps its
+    checkpoints either way."""
     checkpoint_minutes: float = setting(15.0, harmless=True)
     """Checkpoint whenever this many minutes have passed since the last one (0: off), so a crash costs
     minutes, not the run."""
@@ -839,6 +845,10 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.eval_every", tr.eval_every, strict=False)
     c.positive("trainer.eval_samples", tr.eval_samples)
     c.positive("trainer.checkpoint_every", tr.checkpoint_every, strict=False)
+    c.choice("trainer.keep_at_end", tr.keep_at_end, KEEP_AT_END)
+    if tr.keep_at_end == "exports" and not tr.export_agents:
+        c.bad("trainer.keep_at_end", tr.keep_at_end, "checkpoint when trainer.export_agents=false (else the run would "
+              "keep nothing)", "set trainer.export_agents=true or trainer.keep_at_end=checkpoint")
     c.positive("trainer.checkpoint_minutes", tr.checkpoint_minutes, strict=False)
     c.positive("trainer.log_every", tr.log_every)
     c.positive("trainer.progress_every", tr.progress_every, strict=False)

@@ -11,6 +11,7 @@ run directory and a resume may hold (`run_dir.py`, `resume.py`) and any training
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import signal
 import sys
@@ -164,6 +165,7 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
         roles["evaluation"],
         # last: it saves the step after the stop decision
         StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every, steps=cfg.trainer.steps,
+                       last=cfg.trainer.keep_at_end == "checkpoint",
                        minutes=cfg.trainer.checkpoint_minutes),
     ]
     return module, datamodule, callbacks, roles
@@ -242,6 +244,9 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
                     exports = _every_export(module, exports)
             except RunInterrupted as err:  # the training is complete and checkpointed; the exports are not
                 status, roles["stop"].signum = "interrupted", err.signum
+            if cfg.trainer.keep_at_end == "exports" and status == "completed" and rank == 0:
+                for path in _checkpoint_files(run_dir / "checkpoints"):  # the exports are what the run keeps
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
             summary = make_summary(cfg, module, roles, exports, status=status, resumed_from=source, skipped=skipped,
                                    changes=changes, overlong=datamodule.overlong)
             _write_summary(trainer, run_dir, summary)
@@ -278,6 +283,11 @@ def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, An
     if problems:
         raise ConfigError(problems)
     return changes
+
+
+def _checkpoint_files(directory: Path) -> list[Path]:
+    """The run's checkpoints (`step_*.ckpt`, files or distributed folders, and `.partial` ones)."""
+    return sorted(directory.glob("step_*.ckpt*")) if directory.is_dir() else []
 
 
 def _every_export(module: HACRLModule, exports: dict[str, str]) -> dict[str, str]:

@@ -358,3 +358,20 @@ def test_three_agents_on_three_split_ranks_train(tmp_path, zoo_cache):
     assert out.count("RANK-DONE steps=2 updates=[18, 18, 18]") == 3
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert all(Path(row["export"]).is_dir() for row in summary["agents"].values())
+
+
+@pytest.mark.slow
+def test_keep_at_end_exports_leaves_only_the_exports_of_a_completed_run(tmp_path, zoo_cache):
+    """`trainer.keep_at_end=exports`: no checkpoint after the last step, the step-1 and step-2 ones removed once the
+    exports are written; an interrupted run with the same setting keeps its checkpoint (it can resume)."""
+    summary = train(config(tmp_path / "a", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=3",
+                           "trainer.checkpoint_every=1", "trainer.keep_at_end=exports", "trainer.export_agents=true"))
+    run = tmp_path / "a" / "run"
+    assert summary["status"] == "completed" and summary["last_checkpoint"] is None
+    assert list((run / "checkpoints").iterdir()) == []
+    assert all((run / "exports" / name / "model.safetensors").is_file() for name in ("tiny_a", "tiny_b"))
+    cfg = config(tmp_path / "b", zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=3", "trainer.checkpoint_every=2",
+                 "trainer.keep_at_end=exports", "trainer.export_agents=true")
+    interrupted = train(cfg, extra_callbacks=[StopAfter(2)])
+    assert interrupted["status"] == "interrupted"
+    assert [p.name for p in (tmp_path / "b" / "run" / "checkpoints").iterdir()] == ["step_0000002.ckpt"]

@@ -227,9 +227,12 @@ class StepCheckpoint(Callback):
     """Save into `directory` every `every` steps (0: off), every `minutes` of wall time (0: off), after
     step `steps` (the last) and after the step at which the run was told to stop; keep the newest `keep`."""
 
-    def __init__(self, directory: str | os.PathLike, *, every: int, steps: int, minutes: float = 0.0, keep: int = 3):
+    def __init__(self, directory: str | os.PathLike, *, every: int, steps: int, minutes: float = 0.0, keep: int = 3,
+                 last: bool = True):
         self.directory = Path(directory)
         self.every, self.steps, self.minutes, self.keep = every, steps, minutes, keep
+        self.last = last
+        """Save after the last step (`trainer.keep_at_end=checkpoint`); False: the run keeps its exports only."""
         self._saved_step: int | None = None
         self._last_save = time.monotonic()
 
@@ -275,11 +278,15 @@ class StepCheckpoint(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = pl_module.steps_done
+        if step >= self.steps and not self.last and not trainer.should_stop:  # the exports will be what stays
+            return
         if ((self.every and step % self.every == 0) or step >= self.steps or trainer.should_stop
                 or self._time_is_up(trainer)):
             self._save(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
+        if not self.last and pl_module.steps_done >= self.steps:
+            return
         if not checkpoint_path(self.directory, pl_module.steps_done).exists():  # e.g. a resume that trained nothing
             self._save(trainer, pl_module)
 
