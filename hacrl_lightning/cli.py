@@ -392,6 +392,16 @@ def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
         forget_agent_files()  # `agents=[...]` list into a group choice in the same process)
 
 
+def agent_preset(name: str) -> AgentConfig | None:
+    """The `AgentConfig` of the shipped agent preset `name` (`agents/<name>.yaml`), or None when there is none
+    (`evaluate.py agents=[smollm2_135m_instruct]`: a preset's model with its lengths, template and settings)."""
+    path = group_options("agents").get(name)
+    if path is None:
+        return None
+    node = read_yaml(path, key="agents") or {}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AgentConfig), node))
+
+
 def _agent_file_keys(overrides: Sequence[str]) -> dict[str, set[str]]:
     """Agent key -> the settings its own file sets, for every agent file this composition can pick (the
     shipped presets, the user's folders' and the files given by path)."""

@@ -431,7 +431,8 @@ class DataConfig:
     """Math tasks: local held-out files (as train_files); the first `eval_size` problems are used."""
     few_shot: int = setting(0, implied=0)
     """Worked examples in front of every question, training and held-out alike: the train split's first k (never
-    the prompt itself), each its question and `\\boxed{answer}`, inside the one user turn each agent renders
+    the prompt itself), each its question and worked answer (`37 + 5 = 42. The answer is \\boxed{42}.`; a data
+    row's own `solution` where it has one), inside the one user turn each agent renders
     through its own chat template. For a model that does not yet write the answer form the reward reads
     (0: none; prompts grow: mind `agents.<key>.max_prompt_len`)."""
     reward: str = "exact_match"

@@ -405,12 +405,14 @@ def _steps_wanted(run_dir: Path, cfg: TrainConfig) -> int:
 
 def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
                      adjust: Callable[[AgentConfig], AgentConfig] = lambda c: c, trust_remote_code: bool = False,
+                     presets: Mapping[str, AgentConfig] | None = None,
                      ) -> tuple[dict[str, Agent], dict[str, str], dict[str, dict[str, Any]]]:
     """Agents to evaluate, where each came from, and for those from a run's checkpoint which checkpoint
     (`agents_from_checkpoint`'s file, step, steps_wanted, run state). An entry is an exported agent dir or any
     standalone HF dir, a run dir or `.ckpt` (all of the run's agents, with the newest checkpoint's
     weights; a run dir without checkpoints gives its exports), `zoo:<preset>` (its built directory,
-    with the lengths and template settings the zoo saved there: the preset's), or a hub id. `adjust`
+    with the lengths and template settings the zoo saved there: the preset's), an agent preset's name found in
+    `presets` (its `AgentConfig`: `smollm2_135m_instruct`), or a hub id. `adjust`
     edits each AgentConfig (length and dtype overrides). An export cut short (`incomplete_export`)
     raises AgentLoadError with how to redo it.
 
@@ -422,6 +424,12 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
     checkpoints: dict[str, dict[str, Any]] = {}
     for entry in entries:
         path = Path(os.path.expanduser(entry))
+        if entry in (presets or {}) and not path.exists():  # an agent preset: its model with its settings
+            key = _unique(entry.replace(".", "_"), agents)
+            agents[key] = Agent.load(key, adjust(replace(presets[entry], trust_remote_code=trust_remote_code)),
+                                     zoo_cache=zoo_cache, check_texts=())
+            sources[key] = f"agent preset {entry} ({presets[entry].model})"
+            continue
         if _is_checkpoint(path):
             loaded, info = agents_from_checkpoint(path, zoo_cache=zoo_cache, adjust=adjust,
                                                   trust_remote_code=trust_remote_code)

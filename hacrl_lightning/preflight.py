@@ -364,8 +364,11 @@ def evaluate_machine_problems(cfg: EvaluateConfig) -> List[Problem]:
             problems.append(Problem("device", "cuda", "cpu or auto (this machine has no CUDA GPU)", "set device=auto"))
         if cfg.backend == "vllm":
             problems += [p for p in [_vllm_problem("backend", gpus=gpus, fix="backend=hf")] if p]
+    from hacrl_lightning.cli import group_options  # lazily: cli imports this module
+
+    presets = group_options("agents")  # an agent preset's name (evaluate.py agents=[smollm2_135m_instruct])
     wanted = [(f"agents[{i}]", entry, None, "agents=[/path/to/dir,...]") for i, entry in enumerate(cfg.agents)
-              if is_hub_id(entry)]
+              if is_hub_id(entry) and entry not in presets]
     benchmarks = [(f"files.{name}", name) for name in cfg.benchmarks
                   if name in BENCHMARKS and name != SYNTHETIC and not cfg.files.get(name)]
     return problems + _hub_missing(wanted, benchmarks)

@@ -34,8 +34,8 @@ if __name__ == "__main__":  # Ctrl-C anywhere: one line and status 130 (main rem
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from hacrl_lightning.cli import (EVALUATE_SETTINGS, compose_evaluate, help_text, help_topic, parse_cli,  # noqa: E402
-                                 save_resolved, settings_text, wants_help)
+from hacrl_lightning.cli import (EVALUATE_SETTINGS, agent_preset, compose_evaluate, help_text, help_topic,  # noqa: E402
+                                 parse_cli, save_resolved, settings_text, wants_help)
 from hacrl_lightning.config import AgentConfig, DataConfig  # noqa: E402
 from hacrl_lightning.errors import ConfigError  # noqa: E402
 
@@ -88,8 +88,9 @@ def main(argv: list[str]) -> int:
                 benchmarks[name] = with_few_shot(benchmarks[name], shots, cfg.few_shot)
             where = "generated" if not get_benchmark(name).hub_id else (files or "the hub")
             print(f"{name}: {len(benchmarks[name])} problems from {where}, scored by {rewards[name]}")
+        presets = {entry: preset for entry in cfg.agents if (preset := agent_preset(entry)) is not None}
         agents, sources, checkpoints = load_eval_agents(cfg.agents, zoo_cache=cfg.zoo_cache, adjust=adjust,
-                                                        trust_remote_code=cfg.trust_remote_code)
+                                                        trust_remote_code=cfg.trust_remote_code, presets=presets)
     except (AgentLoadError, BenchmarkLoadError, DataFormatError, FileNotFoundError, KeyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -76,7 +76,8 @@ def test_few_shot_puts_k_worked_train_examples_before_every_question_never_its_o
     plain_train, plain_eval = load_task(DataConfig())
     train, held_out = load_task(DataConfig(few_shot=2))
     first, second, third = (list(plain_train)[i] for i in range(3))
-    worked = lambda ex: f"{ex.prompt}\n{format_answer(ex.gold)}\n\n"  # noqa: E731
+    expression = lambda ex: ex.prompt.removeprefix("What is ").split("?")[0]  # noqa: E731
+    worked = lambda ex: f"{ex.prompt}\n{expression(ex)} = {ex.gold}. The answer is \\boxed{{{ex.gold}}}.\n\n"  # noqa: E731
     assert train[0].prompt == worked(second) + worked(third) + first.prompt  # its own never among its examples
     assert train[1].prompt == worked(first) + worked(third) + second.prompt
     for plain, shot in ((plain_train[5], train[5]), (plain_eval[0], held_out[0])):  # the same two for every other

@@ -35,6 +35,16 @@ TASK_ALPHABET = string.ascii_letters + string.digits + " +-*?.:,!=()[]{}\\\n"
 """Every character the task's prompts and answers use (plus a few neighbours), for round-trip tests."""
 
 
+def worked_answer(example) -> str:
+    """A worked answer to a synthetic question, as a few-shot example shows it (`data.few_shot`):
+    `37 + 5 = 42. The answer is \\boxed{42}.` (SmolLM2-135M-Instruct answers 25 % of held-out questions after two
+    of them, none after two bare `\\boxed{42}`: docs/RESULTS.md)."""
+    prefix, suffix = QUESTION.format(expression="\0").split("\0")
+    expression = example.prompt[len(prefix):-len(suffix)] if example.prompt.startswith(prefix) else None
+    shown = f"{expression} = {example.gold}. " if expression and example.prompt.endswith(suffix) else ""
+    return f"{shown}The answer is {format_answer(example.gold)}."
+
+
 def format_answer(gold: str) -> str:
     """The expected response for a gold answer: `\\boxed{42}`."""
     return f"\\boxed{{{gold}}}"

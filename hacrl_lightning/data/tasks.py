@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from hacrl_lightning.config import DataConfig
 from hacrl_lightning.data.benchmarks import load_benchmark
 from hacrl_lightning.data.records import Example, PromptDataset
-from hacrl_lightning.data.synthetic import format_answer, synthetic_dataset
+from hacrl_lightning.data.synthetic import format_answer, synthetic_dataset, worked_answer
 from hacrl_lightning.errors import suggest
 
 TaskLoader = Callable[[DataConfig], "tuple[PromptDataset, PromptDataset]"]
@@ -81,15 +81,22 @@ def few_shot_pool(train: Sequence[Example], k: int) -> list[Example]:
     return list(train)[: k + 1]
 
 
+def worked_solution(example: Example) -> str:
+    """How a worked example answers: the data row's own `solution` field where it has one (MATH), else a synthetic
+    question's worked sum (`synthetic.worked_answer`, which ends in the bare boxed answer for any other question)."""
+    solution = example.extras.get("solution")
+    return solution if isinstance(solution, str) and solution.strip() else worked_answer(example)
+
+
 def with_few_shot(examples: Sequence[Example], pool: Sequence[Example], k: int) -> list[Example]:
     """Each example with k worked examples before its question, in its prompt text (one user turn: every agent
-    renders it through its own chat template): each a question and its answer as the task expects it
-    (`\\boxed{gold}`), a blank line apart, never the example itself; the same k for every prompt but those
-    among them. Ids, gold answers and extras are unchanged."""
+    renders it through its own chat template): each a question and its worked answer (`worked_solution`), a
+    blank line apart, never the example itself; the same k for every prompt but those among them. Ids, gold
+    answers and extras are unchanged."""
     out = []
     for ex in examples:
         shots = [shot for shot in pool if shot.prompt_id != ex.prompt_id][:k]
-        worked = "".join(f"{shot.prompt}\n{format_answer(shot.gold)}\n\n" for shot in shots)
+        worked = "".join(f"{shot.prompt}\n{worked_solution(shot)}\n\n" for shot in shots)
         out.append(ex._replace(prompt=worked + ex.prompt))
     return out
 
