@@ -538,7 +538,8 @@ def compose_evaluate(overrides: Sequence[str] = (), *, preflight: bool = False) 
         cfg = OmegaConf.to_object(dcfg)
     except OmegaConfBaseException as err:
         raise ConfigError([_problem_from_exception(err)]) from None
-    return (check_evaluate(cfg) if preflight else validate_evaluate(cfg)), dcfg
+    checked = check_evaluate(cfg, presets=set(group_options("agents"))) if preflight else validate_evaluate(cfg)
+    return checked, dcfg
 
 
 def save_resolved(dcfg: DictConfig, run_dir: Path, name: str = "config.yaml") -> Path:

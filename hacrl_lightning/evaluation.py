@@ -197,11 +197,10 @@ def response_records(name: str, benchmark: str, agent: Agent, examples: Sequence
 
 
 def write_responses(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """`records` as JSON lines (`response_records`), written to a temporary name and renamed."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
-    return tmp.replace(path)
+    """`records` as JSON lines (`response_records`), written atomically (`files.write_atomically`)."""
+    from hacrl_lightning.files import write_atomically
+
+    return write_atomically(path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
 
 
 # ---------------------------------------------------------------------------------------------------

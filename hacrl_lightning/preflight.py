@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Collection, List, Optional, Sequence
 
 from hacrl_lightning.algorithms.advantages import ADVANTAGES
 from hacrl_lightning.algorithms.objective import LOSS_MODES
@@ -192,10 +192,11 @@ def evaluation_folder(path: str) -> bool:
     return "evaluate.yaml" in names and names <= set(EVALUATION_FILES)
 
 
-def check_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
+def check_evaluate(cfg: EvaluateConfig, *, presets: Collection[str] = ()) -> EvaluateConfig:
     """`validate_evaluate` plus what this machine must have: the device, vLLM, and every hub model and
     benchmark it names, in the local cache or reachable (all at once); what `scripts/evaluate.py`
-    runs before it writes or loads anything."""
+    runs before it writes or loads anything. `presets`: the agent presets' names (an `agents` entry naming one is
+    no hub id)."""
     problems = evaluate_problems(cfg) + evaluate_name_problems(cfg)
     problems += reward_code_problems([("reward", cfg.reward)] if cfg.reward else [])
     output = output_dir_problem(cfg.output_dir, key="output_dir", overwrite=cfg.overwrite,
@@ -204,7 +205,7 @@ def check_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
                                                                         if cfg.save_responses else " and results.md"))
     problems += [output] if output else []
     seen = {p.key for p in problems}
-    problems += [p for p in evaluate_machine_problems(cfg) if p.key not in seen]
+    problems += [p for p in evaluate_machine_problems(cfg, presets) if p.key not in seen]
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -352,7 +353,7 @@ def hub_problems(cfg: TrainConfig) -> List[Problem]:
     return _hub_missing(wanted, benchmarks)
 
 
-def evaluate_machine_problems(cfg: EvaluateConfig) -> List[Problem]:
+def evaluate_machine_problems(cfg: EvaluateConfig, presets: Collection[str] = ()) -> List[Problem]:
     """An evaluation's device and backend this machine lacks, and its hub agents and benchmarks (without
     `files.<name>`) that are neither cached nor reachable: all at once."""
     from hacrl_lightning.agents.sources import is_hub_id
@@ -364,11 +365,8 @@ def evaluate_machine_problems(cfg: EvaluateConfig) -> List[Problem]:
             problems.append(Problem("device", "cuda", "cpu or auto (this machine has no CUDA GPU)", "set device=auto"))
         if cfg.backend == "vllm":
             problems += [p for p in [_vllm_problem("backend", gpus=gpus, fix="backend=hf")] if p]
-    from hacrl_lightning.cli import group_options  # lazily: cli imports this module
-
-    presets = group_options("agents")  # an agent preset's name (evaluate.py agents=[smollm2_135m_instruct])
     wanted = [(f"agents[{i}]", entry, None, "agents=[/path/to/dir,...]") for i, entry in enumerate(cfg.agents)
-              if is_hub_id(entry) and entry not in presets]
+              if is_hub_id(entry) and entry not in presets]  # a preset's name: its own model source
     benchmarks = [(f"files.{name}", name) for name in cfg.benchmarks
                   if name in BENCHMARKS and name != SYNTHETIC and not cfg.files.get(name)]
     return problems + _hub_missing(wanted, benchmarks)

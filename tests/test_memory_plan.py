@@ -30,7 +30,8 @@ from hacrl_lightning.memory import (GIB, Architecture, UnknownArchitecture, acti
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = ("tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_e", "tiny_qwen3", "tiny_llama32")
-HUB_PRESETS = sorted(p.stem for p in (REPO / "agents").glob("*.yaml") if "zoo:" not in p.read_text())
+HUB_PRESETS = sorted(p.stem for p in (REPO / "agents").glob("*.yaml")
+                     if "zoo:" not in p.read_text() and "model: pypi:" not in p.read_text())
 PUBLISHED = {"Qwen/Qwen3-1.7B": 1_720_574_976, "Qwen/Qwen3-4B": 4_022_468_096, "Qwen/Qwen3-8B-Base": 8_190_735_360,
              "meta-llama/Llama-3.2-1B-Instruct": 1_235_814_400, "meta-llama/Llama-3.2-3B-Instruct": 3_212_749_824,
              "meta-llama/Meta-Llama-3-8B-Instruct": 8_030_261_248}

@@ -104,10 +104,12 @@ def test_the_hooks_run_in_the_documented_order(one_step):
     *_, calls = one_step
     progress = ["PlainProgress"] if "PlainProgress" in calls["on_train_batch_end"] else []  # not on a terminal
     # after a step: the stop decision first; the capability window reports; the engines get
-    # the new weights; the step's clock stops; evaluation (not part of the step); the checkpoint last, after
-    # the stop decision and the evaluation it saves; then the module's one logger write of the step
+    # the new weights; the step's clock stops; the no-signal watch reads the step's rewards; evaluation (not part
+    # of the step); the checkpoint last, after the stop decision and the evaluation it saves (and the no-signal
+    # state); then the module's one logger write of the step
     assert calls["on_train_batch_end"] == ["StopOnSignal", "CapabilityCallback", "WeightSyncCallback", "StepTimer",
-                                           *progress, "HeldOutEvalCallback", "StepCheckpoint", "HACRLModule"]
+                                           "NoSignalWarning", *progress, "HeldOutEvalCallback", "StepCheckpoint",
+                                           "HACRLModule"]
     # before training: signals count from the start (a signal during the first evaluation stops after step 1)
     assert calls["on_train_start"][0] == "StopOnSignal" and "HeldOutEvalCallback" in calls["on_train_start"]
     # before a step: the DataModule makes it (Lightning's on_after_batch_transfer), then the callbacks hand the

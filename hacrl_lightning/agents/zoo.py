@@ -139,7 +139,7 @@ class ZooSpec:
         spec = asdict(self)
         if not spec["chat_template_kwargs"]:
             del spec["chat_template_kwargs"]  # hashed only when set: the older presets keep their entries
-        for switch in ("filter_overlong_prompts", "rewards"):  # training-run settings the warm-start never reads
+        for switch in ("filter_overlong_prompts", "rewards", "few_shot"):  # training-run settings the warm-start never reads
             del spec["task"][switch]
         payload = json.dumps({"format": ZOO_FORMAT, "spec": spec}, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]

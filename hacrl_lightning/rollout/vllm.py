@@ -227,6 +227,8 @@ class VLLMEngine:
     holds_own_weights = True
     """The engine has its own copy of the weights (a sync pushes them): the trainer's may be offloaded while it
     generates (`trainer.offload_idle`)."""
+    lora_request = None
+    """`lora.engine=adapter`: the request that applies the agent's adapter, else None (see `__init__`)."""
     free_logprobs = True
     """vLLM reports the sampled token's log-prob cheaply (a log-softmax it mostly has, and an object per token):
     the trainer asks on the steps that measure the rollout/trainer mismatch (`trainer.mismatch_every`,
@@ -262,9 +264,7 @@ class VLLMEngine:
         """Each of the engine's workers' idle spins, seconds (own process: `vllm_worker.ENGINE_SPIN_S`)."""
         self.stale = False
         """The last weight sync failed: the engine may hold a mix of old and new weights and does not generate."""
-        self.lora_request = None
-        """`lora.engine=adapter`: the request that applies the agent's adapter (`model_dir/adapter`, then each sync's
-        own directory), else None (the engine holds the weights as trained: merged, or a full fine-tune)."""
+        self.lora_request = None  # `lora.engine=adapter`: `model_dir/adapter`, then each sync's own directory
         self._adapter_syncs = 0
         lora = {}
         if lora_rank:
@@ -316,7 +316,8 @@ class VLLMEngine:
             self.state = "awake"
         params = self._vllm.SamplingParams(**sampling_params_kwargs(sampling, self.eos_token_ids))
         prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
+        adapter = {} if self.lora_request is None else {"lora_request": self.lora_request}
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, **adapter)
         return to_generations(outputs, self.eos_token_ids + tuple(sampling.stop_token_ids))
 
     def rest(self) -> None:
