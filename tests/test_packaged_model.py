@@ -66,7 +66,7 @@ def test_smollm2_with_few_shot_trains_beside_tiny_a(converted, tmp_path, zoo_cac
     """`agents=[smollm2_135m_instruct,tiny_a] data.few_shot=2 trainer.steps=2` (tiny_a given room for the worked
     examples; a small batch): both agents trained and exported."""
     cfg, _ = compose_config(["agents=[smollm2_135m_instruct,tiny_a]", "data.few_shot=2", "trainer.steps=2",
-                             "agents.tiny_a.max_prompt_len=320", "data.prompts_per_step=4", "trainer.mini_batch_prompts=4",
+                             "agents.tiny_a.max_prompt_len=234", "agents.tiny_a.max_response_len=22", "data.prompts_per_step=4", "trainer.mini_batch_prompts=4",
                              "data.eval_size=8", f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"])
     summary = train(cfg)
     assert summary["status"] == "completed" and summary["steps"] == 2
