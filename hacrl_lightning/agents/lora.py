@@ -160,8 +160,8 @@ def served_items(model: nn.Module, items: Iterable[tuple[str, torch.Tensor]], *,
             weight, a, b = parts["weight"], parts["lora_A"], parts["lora_B"]
             scaling, transposed = scalings[module]
             delta = (b.float() @ a.float()) * scaling                                        # [out, in]
-            merged = weight.float() + (delta.T if transposed else delta)
-            yield f"{module}.weight", merged.to(weight.dtype)
+            combined = weight.float() + (delta.T if transposed else delta)
+            yield f"{module}.weight", combined.to(weight.dtype)
     if pending:
         raise ValueError(f"a LoRA state dict without all of base, A and B for {sorted(pending)[:3]}")
 
