@@ -499,7 +499,7 @@ class TrainerConfig:
     checkpoint_every: int = setting(0, harmless=True)
     """Checkpoint every this many steps (0: not by step count). A checkpoint is also written after the last
     step and when the run is interrupted (SIGINT/SIGTERM)."""
-    keep_at_end: str = setting("checkpoint", harmless=True)
+    keep_at_end: str = setting("checkpoint", harmless=True, implied="checkpoint")
     """What a completed run keeps: `checkpoint` (its last full checkpoint, which resumes and extends it) or
     `exports` (only `exports/`: no checkpoint after the last step, and the run's earlier checkpoints removed once
     every export is written; it cannot be resumed or extended then). An interrupted or failed run keeps its
