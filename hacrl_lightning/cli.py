@@ -43,7 +43,7 @@ import hacrl_lightning.config as schema
 from hacrl_lightning.config import AgentConfig, EvaluateConfig, TrainConfig
 from hacrl_lightning.errors import UNKNOWN_KEY, ConfigError, Problem, suggest
 from hacrl_lightning.files import write_atomically
-from hacrl_lightning.preflight import check_evaluate, check_run, pure_problems, validate, validate_evaluate
+from hacrl_lightning.preflight import FreeLengths, check_evaluate, check_run, pure_problems, validate, validate_evaluate
 from hacrl_lightning.presets import composition_problems, resolve_algorithm
 from hacrl_lightning import run_dir as run_dir_module
 from hacrl_lightning.run_dir import resume_run_dir
@@ -497,8 +497,16 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
         raise ConfigError(refused + [problem for problem in pure_problems(typed) if problem.key not in seen])
     if typed.resume and "run_dir" not in explicit:  # a resume continues in its run's directory
         typed.run_dir = cfg.run_dir = str(resume_run_dir(typed.resume))
-    checked = check_run(typed) if preflight else validate(typed)
+    if preflight:  # lengths set by a preset, not by the command line or the experiment, may fit data.few_shot
+        chosen = explicit | _experiment_agent_keys(overrides)
+        free = {name: FreeLengths(prompt=f"agents.{name}.max_prompt_len" not in chosen,
+                                  response=f"agents.{name}.max_response_len" not in chosen) for name in typed.agents}
+    checked = check_run(typed, free_lengths=free) if preflight else validate(typed)
     cfg.algorithm = OmegaConf.structured(typed.algorithm)  # what is shown and saved is what runs
+    for name, agent in typed.agents.items():
+        for length in ("max_prompt_len", "max_response_len"):
+            if cfg.agents[name][length] != getattr(agent, length):
+                cfg.agents[name][length] = getattr(agent, length)
     return checked
 
 

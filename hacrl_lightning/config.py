@@ -136,7 +136,7 @@ LORA_TARGETS_ALL = "all-linear"
 """`lora.target_modules` entry for every linear layer of the transformer blocks (peft's `all-linear`: not the
 output layer)."""
 LORA_ENGINE_MODES = ("merged", "adapter")
-KEEP_AT_END = ("checkpoint", "exports")
+KEEP_AT_END = ("checkpoint", "weights", "exports")
 
 
 @dataclass
@@ -434,7 +434,9 @@ class DataConfig:
     the prompt itself), each its question and worked answer (`37 + 5 = 42. The answer is \\boxed{42}.`; a data
     row's own `solution` where it has one), inside the one user turn each agent renders
     through its own chat template. For a model that does not yet write the answer form the reward reads
-    (0: none; prompts grow: mind `agents.<key>.max_prompt_len`)."""
+    (0: none). Prompts grow: an agent's `max_prompt_len` left to its preset becomes its longest sampled prompt
+    when the run starts, and its `max_response_len` what the model's positions leave (said; one given on the
+    command line is kept)."""
     reward: str = "exact_match"
     """The reward: a registered name (`exact_match`, `math_verify`), or your own function as `module:function` or
     `path/to/file.py:function` (named on the command line: it runs code; docs/data.md, "A task of your own")."""
@@ -500,9 +502,11 @@ class TrainerConfig:
     """Checkpoint every this many steps (0: not by step count). A checkpoint is also written after the last
     step and when the run is interrupted (SIGINT/SIGTERM)."""
     keep_at_end: str = setting("checkpoint", harmless=True, implied="checkpoint")
-    """What a completed run keeps: `checkpoint` (its last full checkpoint, which resumes and extends it) or
-    `exports` (only `exports/`: no checkpoint after the last step, and the run's earlier checkpoints removed once
-    every export is written; it cannot be resumed or extended then). An interrupted or failed run keeps its
+    """What a completed run keeps: `checkpoint` (its last full checkpoint, which resumes and extends it), `weights`
+    (after the last step `checkpoints/weights_step_N.ckpt`, every agent's weights without optimizer state: a third
+    of a full checkpoint with AdamW, read by evaluate.py; the earlier checkpoints removed once the exports are
+    written), or `exports` (only `exports/`: no checkpoint after the last step, the earlier ones removed). With
+    `weights` or `exports` the run cannot be resumed or extended. An interrupted or failed run keeps its
     checkpoints either way."""
     checkpoint_minutes: float = setting(15.0, harmless=True)
     """Checkpoint whenever this many minutes have passed since the last one (0: off), so a crash costs

@@ -336,17 +336,17 @@ def run_state(run_dir: Path) -> str:
 def _newest_loaded(location: str | os.PathLike, tries: int = 3) -> tuple[Path, dict[str, Any]]:
     """The newest checkpoint at `location` and its contents. A run still training deletes its oldest
     checkpoints as it saves new ones: one that vanished between the listing and the load is looked up again."""
-    from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
+    from hacrl_lightning.callbacks.checkpoint import newest_evaluable
 
     for _ in range(tries - 1):
-        checkpoint = latest_checkpoint(location)
+        checkpoint = newest_evaluable(location)
         if Path(location) == checkpoint:  # a file given by name: no other to look up
             break
         try:
             return checkpoint, _load_checkpoint(checkpoint)
         except FileNotFoundError:
             continue
-    checkpoint = latest_checkpoint(location)
+    checkpoint = newest_evaluable(location)
     return checkpoint, _load_checkpoint(checkpoint)
 
 
@@ -359,7 +359,7 @@ def agents_from_checkpoint(location: str | os.PathLike, *, zoo_cache: str | None
 
     The run's config is someone's file: an agent it marks `trust_remote_code: true` is refused unless this
     command allows it (`trust_remote_code`), and its `zoo_cache` is not used (the command's own is)."""
-    from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, run_dir_of
+    from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, WEIGHTS_RE, run_dir_of
 
     checkpoint, full = _newest_loaded(location)
     run_dir = run_dir_of(checkpoint)
@@ -370,7 +370,7 @@ def agents_from_checkpoint(location: str | os.PathLike, *, zoo_cache: str | None
             f"{run_dir / 'config.yaml'}: agents {untrusted} were trained with trust_remote_code: true (loading them "
             f"runs code shipped with {[cfg.agents[n].model for n in untrusted]}); evaluate.py does not take that from "
             "a run's saved config. Fix: if you trust that code, add trust_remote_code=true to this command")
-    numbered = CHECKPOINT_RE.match(checkpoint.name)
+    numbered = CHECKPOINT_RE.match(checkpoint.name) or WEIGHTS_RE.match(checkpoint.name)
     step = (full.get("hacrl") or {}).get("steps_done", int(numbered.group(1)) if numbered else None)
     info = {"file": str(checkpoint.resolve()), "step": step, "steps_wanted": _steps_wanted(run_dir, cfg),
             "run": run_state(run_dir)}

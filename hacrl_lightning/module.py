@@ -36,7 +36,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from hacrl_lightning.agents.agent import Agent
+from hacrl_lightning.agents.agent import Agent, first_target_column
 from hacrl_lightning.agents.exchange import AgentView
 from hacrl_lightning.agents.lora import adapter_disabled, is_lora, trainable_parameters
 from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, sequence_mean_logp, step_accuracy
@@ -427,14 +427,14 @@ class HACRLModule(pl.LightningModule):
         for micro_batch in micro_batches(pieces, stand_in=torch.nonzero(view.is_own).flatten()[:1]):
             batch_rows = micro_batch.rows
             micro = view.select(batch_rows).to(self.device)
-            logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
+            scored = dict(temperature=agent.cfg.temperature, first_target=first_target_column(micro.loss_mask))
+            logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, **scored)  # [b, T], 0 before responses
             ref = None
             if name in self.references:
-                ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask,
-                                                           temperature=agent.cfg.temperature)
+                ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask, **scored)
             elif has_reference:  # LoRA: the base model is the reference
                 with adapter_disabled(agent.model):
-                    ref = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)
+                    ref = agent.token_logprobs(micro.input_ids, micro.attention_mask, **scored)
             if not micro_batch.counts:  # a forward all the same: FSDP's collectives
                 continue
             old_tokens[name][batch_rows, : logp.shape[1]] = logp.float().cpu()
@@ -525,7 +525,8 @@ class HACRLModule(pl.LightningModule):
         of mini-batch m, `hacpo_loss` normalised over the global mini-batch, and the backward of the loss
         scaled by the world size times the pass's weight. Returns the loss, its metrics and the micro view."""
         micro = view.select(micro_batch.rows).to(self.device)
-        logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature)  # [b, T]
+        logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature,
+                                    first_target=first_target_column(micro.loss_mask))                        # [b, T]
         own_passes = math.ceil(len(plan.share(m)) / self.settings.micro_batch_size)   # this rank's, no stand-ins
         ranks = self._group(agent.name)[1]
         micro_batch_count = max(1, own_passes) * ranks

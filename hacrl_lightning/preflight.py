@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Collection, List, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Collection, List, Mapping, NamedTuple, Optional, Sequence
 
 from hacrl_lightning.algorithms.advantages import ADVANTAGES
 from hacrl_lightning.algorithms.objective import LOSS_MODES
@@ -134,14 +135,19 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
-def check_run(cfg: TrainConfig) -> TrainConfig:
-    """Raise one `ConfigError` with every problem of `cfg` (pure checks and preflight); return cfg if fine."""
+def check_run(cfg: TrainConfig, *, free_lengths: Mapping[str, FreeLengths] = MappingProxyType({})) -> TrainConfig:
+    """Raise one `ConfigError` with every problem of `cfg` (pure checks and preflight); return cfg if fine.
+    `free_lengths`: the agents whose lengths the command line leaves to their presets (`fit_few_shot_lengths`:
+    with `data.few_shot` set, raised to fit the examples, said on stdout)."""
     problems = pure_problems(cfg)
     problems += reward_code_problems(reward_specs(cfg))
     seen = {p.key for p in problems}
-    problems += [p for p in preflight_problems(cfg) if p.key not in seen]
+    said: List[str] = []
+    problems += [p for p in preflight_problems(cfg, free_lengths=free_lengths, said=said) if p.key not in seen]
     if problems:
         raise ConfigError(problems)
+    for line in said:
+        print(line, flush=True)
     return cfg
 
 
@@ -372,17 +378,23 @@ def evaluate_machine_problems(cfg: EvaluateConfig, presets: Collection[str] = ()
     return problems + _hub_missing(wanted, benchmarks)
 
 
-def preflight_problems(cfg: TrainConfig) -> List[Problem]:
-    """The machine, file-system, hub and tokenizer problems of `cfg` (empty when it is fine). Loads no model weights."""
+def preflight_problems(cfg: TrainConfig, *, free_lengths: Mapping[str, FreeLengths] = MappingProxyType({}),
+                       said: Optional[List[str]] = None) -> List[Problem]:
+    """The machine, file-system, hub and tokenizer problems of `cfg` (empty when it is fine). Loads no model weights.
+    With `data.few_shot` set, the lengths of the agents in `free_lengths` are fitted first (`fit_few_shot_lengths`,
+    changing `cfg`; what changed is appended to `said`)."""
     problems = _data_file_problems(cfg.data)
     hub = hub_problems(cfg)
     task_problems: List[Problem] = []
     no_data = any(p.key.startswith("data.") for p in hub)  # its hub benchmarks are unreachable: said there
     prompts, answers = ([], []) if no_data else _task_sample(cfg.data, task_problems)
     problems += [] if problems else task_problems  # a task that cannot load its missing file: said once
-    problems += device_problems(cfg) + hub + memory_plan_problems(cfg)
+    problems += device_problems(cfg) + hub
     for name, agent_cfg in cfg.agents.items():
-        problems += _agent_problems(name, agent_cfg, prompts, answers, zoo_cache=cfg.zoo_cache)
+        free = free_lengths.get(name, FreeLengths()) if cfg.data.few_shot else FreeLengths()
+        problems += _agent_problems(name, agent_cfg, prompts, answers, zoo_cache=cfg.zoo_cache, free=free,
+                                    said=said if said is not None else [])
+    problems += memory_plan_problems(cfg)  # after the fitting: the plan counts the lengths that run
     if cfg.resume:
         from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
 
@@ -479,8 +491,66 @@ def _load_tokenizer(source: str, cfg: AgentConfig):
         return None  # not cached: Agent.load probes the hub and words the fix
 
 
+class FreeLengths(NamedTuple):
+    """Which of an agent's lengths its preset chose and the command line (or experiment) left alone: those
+    `fit_few_shot_lengths` may change."""
+    prompt: bool = False
+    response: bool = False
+
+
+def _model_config(model: str, cfg: AgentConfig):
+    """The model's config.json as transformers reads it (no weights), None when it is not here or not readable
+    (Agent.load says what to do)."""
+    from transformers import AutoConfig
+
+    from hacrl_lightning.agents.sources import looks_like_path
+
+    try:
+        return AutoConfig.from_pretrained(os.path.expanduser(model), revision=cfg.revision,
+                                          trust_remote_code=cfg.trust_remote_code,
+                                          local_files_only=not looks_like_path(model))
+    except (OSError, ValueError):
+        return None
+
+
+def fit_few_shot_lengths(key: str, model: str, tokenizer, cfg: AgentConfig, prompts: Sequence[str],
+                         answers: Sequence[str], free: FreeLengths) -> Optional[str]:
+    """With `data.few_shot=k` every prompt carries k worked examples, which an agent preset's `max_prompt_len`
+    (written for bare questions: tiny_a's 96) rarely holds. Where the command line left it to the preset
+    (`free.prompt`), it becomes the longest sampled prompt in this agent's template, and where the model's
+    positions then cannot hold `max_response_len` (and `free.response`), the response gets what is left, if that
+    still holds the longest sampled answer plus EOS. Changes `cfg`; returns the line that says so, or None
+    (nothing to change, or it cannot fit: the checks after this refuse it with the figures)."""
+    from hacrl_lightning.agents.agent import encode_chat_prompts
+    from hacrl_lightning.agents.tokenizers import encode_text
+
+    config = _model_config(model, cfg)
+    found = model_positions(config) if config is not None else None
+    if not free.prompt or not prompts or found is None:
+        return None
+    positions, _ = found
+    if max(map(len, prompts)) > positions * CHARS_PER_TOKEN_BOUND:
+        return None  # cannot fit whatever happens: refused by its length alone, never tokenized
+    longest = max(len(ids) for ids in encode_chat_prompts(tokenizer, cfg, prompts))
+    if longest <= cfg.max_prompt_len:
+        return None
+    response = cfg.max_response_len
+    if longest + response > positions:
+        answer = 1 + max((len(ids) for ids in encode_text(tokenizer, answers)), default=0)  # + EOS
+        if not free.response or positions - longest < answer:
+            return None
+        response = positions - longest
+    old = (cfg.max_prompt_len, cfg.max_response_len)
+    cfg.max_prompt_len, cfg.max_response_len = longest, response
+    changed = f"max_prompt_len {old[0]} -> {longest}" + (f", max_response_len {old[1]} -> {response} (the model's "
+                                                         f"{positions} positions)" if response != old[1] else "")
+    return (f"{key}: data.few_shot prompts take up to {longest} tokens in its template, more than its preset's "
+            f"max_prompt_len; for this run {changed}. Set {key}.max_prompt_len on the command line to choose")
+
+
 def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers: Sequence[str], *,
-                    zoo_cache: Any) -> List[Problem]:
+                    zoo_cache: Any, free: FreeLengths = FreeLengths(), said: Optional[List[str]] = None
+                    ) -> List[Problem]:
     key = f"agents.{name}"
     problems: List[Problem] = []
     model = _resolve(name, f"{key}.model", cfg.model, zoo_cache, problems)
@@ -492,8 +562,11 @@ def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers
             problems.append(problem)
     if problems or source is None:
         return problems
-    problems = context_problems(key, model, cfg)
     tokenizer = _load_tokenizer(source, cfg)
+    line = tokenizer is not None and fit_few_shot_lengths(key, model, tokenizer, cfg, prompts, answers, free)
+    if line and said is not None:
+        said.append(line)
+    problems = context_problems(key, model, cfg)
     if tokenizer is None:
         return problems
     return problems + (_tokenizer_problems(key, tokenizer_key, source, tokenizer, cfg, prompts, answers) or
@@ -524,15 +597,8 @@ def model_positions(config) -> Optional[tuple[int, str]]:
 def context_problems(key: str, model: str, cfg: AgentConfig) -> List[Problem]:
     """`max_prompt_len + max_response_len` beyond the positions of the model's config.json (no weights are
     read): named with both numbers and the limits that fit."""
-    from transformers import AutoConfig
-
-    from hacrl_lightning.agents.sources import looks_like_path
-
-    try:
-        config = AutoConfig.from_pretrained(os.path.expanduser(model), revision=cfg.revision,
-                                            trust_remote_code=cfg.trust_remote_code,
-                                            local_files_only=not looks_like_path(model))
-    except (OSError, ValueError):
+    config = _model_config(model, cfg)
+    if config is None:
         return []  # not cached, or not a config transformers knows: Agent.load says what to do
     found = model_positions(config)
     prompt, response = cfg.max_prompt_len, cfg.max_response_len

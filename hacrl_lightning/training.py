@@ -28,7 +28,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.algorithms.capability import CapabilityWindow
 from hacrl_lightning.callbacks.capability import CapabilityCallback
-from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, StepCheckpoint, latest_checkpoint, resume_checkpoint
+from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, StepCheckpoint, latest_checkpoint, newest_weights, \
+    resume_checkpoint
 from hacrl_lightning.callbacks.interrupt import RunInterrupted, StopOnSignal, catch_signals
 from hacrl_lightning.callbacks.no_signal import NoSignalWarning
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
@@ -165,7 +166,7 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
         roles["evaluation"],
         # last: it saves the step after the stop decision
         StepCheckpoint(run_dir / "checkpoints", every=cfg.trainer.checkpoint_every, steps=cfg.trainer.steps,
-                       last=cfg.trainer.keep_at_end == "checkpoint",
+                       last=cfg.trainer.keep_at_end,
                        minutes=cfg.trainer.checkpoint_minutes),
     ]
     return module, datamodule, callbacks, roles
@@ -244,8 +245,8 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
                     exports = _every_export(module, exports)
             except RunInterrupted as err:  # the training is complete and checkpointed; the exports are not
                 status, roles["stop"].signum = "interrupted", err.signum
-            if cfg.trainer.keep_at_end == "exports" and status == "completed" and rank == 0:
-                for path in _checkpoint_files(run_dir / "checkpoints"):  # the exports are what the run keeps
+            if cfg.trainer.keep_at_end != "checkpoint" and status == "completed" and rank == 0:
+                for path in _checkpoint_files(run_dir / "checkpoints"):  # the weights, or the exports, are what stays
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
             summary = make_summary(cfg, module, roles, exports, status=status, resumed_from=source, skipped=skipped,
                                    changes=changes, overlong=datamodule.overlong)
@@ -357,6 +358,7 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Call
             "rollout_logp_diff": mismatch_summary(module.diagnostics, name),
         }
     checkpoints = _newest_checkpoint(Path(cfg.run_dir).resolve())
+    weights = newest_weights(Path(cfg.run_dir).resolve())
     return {
         "status": status,
         "signal": signal.Signals(stop.signum).name if stop.signum else None,
@@ -375,6 +377,7 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Call
         "skipped_checkpoints": [str(path) for path, _ in skipped],
         "resume_changes": {key: list(pair) for key, pair in (changes or {}).items()},
         "last_checkpoint": str(checkpoints) if checkpoints else None,
+        "weights_checkpoint": str(weights) if weights else None,
         "run_dir": str(Path(cfg.run_dir).resolve()),
         "prompts_dropped_overlong": overlong,
         "agents": agents,

@@ -85,6 +85,43 @@ def test_token_logprobs_are_next_token_logprobs_whatever_the_padding(zoo_agents)
                 torch.testing.assert_close(real[1:], expected[b], atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["tiny_a", "tiny_c"])  # Qwen3 and GPT-2 (Conv1D) blocks
+@pytest.mark.parametrize("keeps", [True, False], ids=["logits_to_keep", "sliced"])
+def test_log_probs_from_the_first_response_column_are_the_full_ones_there_with_the_same_gradients(
+        load_zoo_agent, name, keeps):
+    """`first_target`: the output layer runs on the response positions only (transformers' `logits_to_keep`, or the
+    full logits sliced where a model lacks it). Right-padded rows of different prompt lengths, as an update sees
+    them: from the first response column on, the log-probs and the gradients of a response-only loss equal the full
+    computation's to fp32 round-off (the output layer's matmul may sum fewer rows in another order), and are 0
+    before it."""
+    from hacrl_lightning.agents.agent import first_target_column
+
+    agent = load_zoo_agent(name)
+    agent._logits_to_keep = keeps
+    prompts = [agent.encode_prompts([q])[0] for q in QUESTIONS[:3]]
+    answers = agent.encode_response(["\\boxed{12}", "\\boxed{7}", "\\boxed{345}"])
+    width = max(len(p) + len(a) for p, a in zip(prompts, answers))
+    ids = torch.full((3, width), agent.pad_token_id)
+    mask, targets = torch.zeros(3, width, dtype=torch.long), torch.zeros(3, width, dtype=torch.bool)
+    for b, (p, a) in enumerate(zip(prompts, answers)):
+        ids[b, : len(p) + len(a)] = torch.tensor(p + a)
+        mask[b, : len(p) + len(a)] = 1
+        targets[b, len(p): len(p) + len(a)] = True
+    first = first_target_column(targets)
+    assert first == min(map(len, prompts)) > 1
+    results = []
+    for first_target in (1, first):
+        agent.zero_grad(set_to_none=True)
+        logp = agent.token_logprobs(ids, mask, temperature=0.7, first_target=first_target)
+        (logp * targets).sum().backward()
+        results.append((logp.detach(), {k: p.grad.clone() for k, p in agent.named_parameters()}))
+    (full, full_grads), (kept, kept_grads) = results
+    assert kept.shape == full.shape and bool((kept[:, :first] == 0).all())
+    torch.testing.assert_close(kept[:, first:], full[:, first:], atol=1e-6, rtol=1e-5)
+    for key, grad in full_grads.items():
+        torch.testing.assert_close(kept_grads[key], grad, atol=1e-6, rtol=1e-5, msg=key)
+
+
 def test_gradients_flow_through_token_logprobs(load_zoo_agent):
     agent = load_zoo_agent("tiny_c")
     ids = torch.tensor([agent.encode_prompts([QUESTIONS[0]])[0]])

@@ -182,6 +182,26 @@ def test_prompt_limit_names_the_length_that_fits(files):
     assert [p.key for p in problems] == ["agents.tiny_a.max_prompt_len"]
 
 
+def test_few_shot_prompts_get_room_where_the_command_line_left_the_lengths_to_the_presets(files, model_loads, capsys):
+    """`data.few_shot=2` puts two worked examples before every question: tiny_a's preset limit (96, bare questions)
+    holds none of them. Left to the presets, each agent's max_prompt_len becomes its longest sampled prompt, and
+    tiny_a's response gets what its 256 positions leave (234 + 22); said, and saved as what runs. A length the
+    command line sets is the user's: kept, and refused if it cannot hold the prompts."""
+    cfg, dcfg = compose_config(overrides_for(["agents=[tiny_a,tiny_b]", "data.few_shot=2"], files), preflight=True)
+    lengths = {name: (a.max_prompt_len, a.max_response_len) for name, a in cfg.agents.items()}
+    assert lengths == {"tiny_a": (234, 22), "tiny_b": (112, 24)}
+    assert {name: (a.max_prompt_len, a.max_response_len) for name, a in dcfg.agents.items()} == lengths
+    out = capsys.readouterr().out
+    assert "agents.tiny_a: data.few_shot prompts take up to 234 tokens" in out and "24 -> 22" in out
+    assert "max_prompt_len 96 -> 112." in out and model_loads == []
+    plain, _ = compose_config(overrides_for(["agents=[tiny_a,tiny_b]"], files), preflight=True)
+    assert plain.agents["tiny_a"].max_prompt_len == 96  # without examples nothing changes
+    for chosen in ("agents.tiny_a.max_prompt_len=96", "agents.tiny_a.max_response_len=40"):
+        problems = problems_of(overrides_for(["agents=[tiny_a,tiny_b]", "data.few_shot=2", chosen], files)).problems
+        assert [p.key for p in problems] == ["agents.tiny_a.max_prompt_len"], chosen
+        assert "234 to keep them all" in problems[0].fix
+
+
 def test_lengths_past_the_models_positions_name_both_numbers_and_a_fix_that_passes(files, tmp_path, train_main,
                                                                                    model_loads):
     """On main `agents.tiny_a.max_response_len=100000000` (tiny_a has 256 positions) was accepted and the run

@@ -63,11 +63,14 @@ def test_the_converted_folder_computes_as_the_gguf_file_and_a_damaged_one_is_reb
 
 
 def test_smollm2_with_few_shot_trains_beside_tiny_a(converted, tmp_path, zoo_cache):
-    """`agents=[smollm2_135m_instruct,tiny_a] data.few_shot=2 trainer.steps=2` (tiny_a given room for the worked
-    examples; a small batch): both agents trained and exported."""
+    """`agents=[smollm2_135m_instruct,tiny_a] data.few_shot=2 trainer.steps=2` through the preflight as
+    scripts/train.py runs it (tiny_a's lengths fitted to the worked examples: 234 + 22 of its 256 positions), with a
+    smaller batch and held-out set: both agents trained and exported."""
     cfg, _ = compose_config(["agents=[smollm2_135m_instruct,tiny_a]", "data.few_shot=2", "trainer.steps=2",
-                             "agents.tiny_a.max_prompt_len=234", "agents.tiny_a.max_response_len=22", "data.prompts_per_step=4", "trainer.mini_batch_prompts=4",
-                             "data.eval_size=8", f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"])
+                             "data.prompts_per_step=4", "trainer.mini_batch_prompts=4", "data.eval_size=8",
+                             f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"], preflight=True)
+    assert (cfg.agents["tiny_a"].max_prompt_len, cfg.agents["tiny_a"].max_response_len) == (234, 22)
+    assert cfg.agents["smollm2_135m_instruct"].max_prompt_len == 192  # its preset's limit holds the examples
     summary = train(cfg)
     assert summary["status"] == "completed" and summary["steps"] == 2
     for name in ("smollm2_135m_instruct", "tiny_a"):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 import hacrl_lightning.module as module_mod
 from conftest import StopAfter
@@ -375,3 +376,45 @@ def test_keep_at_end_exports_leaves_only_the_exports_of_a_completed_run(tmp_path
     interrupted = train(cfg, extra_callbacks=[StopAfter(2)])
     assert interrupted["status"] == "interrupted"
     assert [p.name for p in (tmp_path / "b" / "run" / "checkpoints").iterdir()] == ["step_0000002.ckpt"]
+
+
+class FinalWeights(Callback):
+    """Keeps a copy of every agent's weights when training ends."""
+
+    def on_train_end(self, trainer, pl_module):
+        self.weights = {name: {k: v.detach().clone() for k, v in agent.state_dict().items()}
+                        for name, agent in pl_module.agents.items()}
+
+
+@pytest.mark.slow
+def test_keep_at_end_weights_leaves_one_weights_only_checkpoint_that_evaluates_and_cannot_resume(tmp_path, zoo_cache):
+    """`trainer.keep_at_end=weights`: after the last step one checkpoint of the weights alone (no optimizer state, a
+    third of a full one with AdamW's two moments), the earlier full ones removed; evaluate.py's loader reads the final
+    weights from it bitwise; `resume=` the run is refused, naming the file and why, and the checkpoint is left."""
+    from hacrl_lightning.evaluation import agents_from_checkpoint
+    from hacrl_lightning.safe_load import load_checkpoint_file
+
+    from omegaconf import OmegaConf
+
+    final = FinalWeights()
+    cfg, dcfg = compose_config(["trainer.steps=3", "data.prompts_per_step=4", "trainer.mini_batch_prompts=2",
+                                "rollout.group_size=2", "trainer.eval_every=0", "data.eval_size=8",
+                                "trainer.checkpoint_every=1", "trainer.keep_at_end=weights", f"zoo_cache={zoo_cache}",
+                                f"run_dir={tmp_path / 'run'}"])
+    summary = train(cfg, extra_callbacks=[final], config_yaml=OmegaConf.to_yaml(dcfg, resolve=True))  # as the script
+    run = tmp_path / "run"
+    kept = run / "checkpoints" / "weights_step_0000003.ckpt"
+    assert summary["status"] == "completed" and summary["last_checkpoint"] is None
+    assert summary["weights_checkpoint"] == str(kept)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == [kept.name]
+    contents = load_checkpoint_file(kept)
+    assert "optimizer_states" not in contents and contents["hacrl"]["steps_done"] == 3
+    weight_bytes = sum(t.numel() * t.element_size() for agent in final.weights.values() for t in agent.values())
+    assert kept.stat().st_size < 1.5 * weight_bytes
+    agents, info = agents_from_checkpoint(run, zoo_cache=zoo_cache)
+    assert info["step"] == 3 and info["file"] == str(kept.resolve())
+    for name, agent in agents.items():
+        assert all(torch.equal(agent.state_dict()[k], w) for k, w in final.weights[name].items()), name
+    with pytest.raises(FileNotFoundError, match=r"weights_step_0000003\.ckpt.*keep_at_end=weights"):
+        train(config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=4", f"resume={run}"))
+    assert kept.is_file()

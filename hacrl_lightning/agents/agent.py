@@ -176,23 +176,41 @@ class Agent(nn.Module):
 
     # -- log-probs ------------------------------------------------------------------------------------
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits `[B, T, V]`; positions count only attended tokens, so left and right padding agree."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, keep: int = 0) -> torch.Tensor:
+        """Logits `[B, T, V]`, or of the last `keep` positions only (`[B, keep, V]`; 0: all); positions count only
+        attended tokens, so left and right padding agree."""
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)                   # [B, T]
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=False).logits
+        kwargs = {"logits_to_keep": keep} if keep and self._keeps_logits() else {}
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False, **kwargs).logits
+        return logits[:, -keep:] if keep else logits
+
+    def _keeps_logits(self) -> bool:
+        """The model's forward takes transformers' `logits_to_keep` (the output layer on the last positions only);
+        else the full logits are sliced."""
+        if not hasattr(self, "_logits_to_keep"):
+            import inspect
+
+            base = self.model.get_base_model() if is_lora(self.model) else self.model
+            self._logits_to_keep = "logits_to_keep" in inspect.signature(type(base).forward).parameters
+        return self._logits_to_keep
 
     def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                       temperature: float = 1.0) -> torch.Tensor:
+                       temperature: float = 1.0, first_target: int = 1) -> torch.Tensor:
         """`[B, T]`: position t holds log p(x_t | x_<t) under softmax(logits / temperature), in fp32.
 
-        0 where there is nothing to condition on (a row's first real token) and on padding.
+        0 where there is nothing to condition on (a row's first real token), on padding, and before column
+        `first_target`: with the first response column there (`first_target_column`), the output layer and the
+        softmax run on the response positions only, not on the prompts (the same numbers there; on SmolLM2 with
+        two worked examples, a 166-token row of which 32 are response, 30 % of a forward and backward).
         Gradients flow when grad is enabled.
         """
-        logits = self(input_ids, attention_mask)                                               # [B, T, V]
-        logprobs = gather_logprobs(logits[:, :-1], input_ids[:, 1:], temperature=temperature)  # [B, T-1]
-        real = attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()                   # [B, T-1]
-        return F.pad(logprobs * real, (1, 0))                                                  # [B, T]
+        width = input_ids.shape[1]
+        first = max(1, min(first_target, width - 1))
+        logits = self(input_ids, attention_mask, keep=width - first + 1 if first > 1 else 0)  # [B, T-first+1, V]
+        logprobs = gather_logprobs(logits[:, :-1], input_ids[:, first:], temperature=temperature)  # [B, T-first]
+        real = attention_mask[:, first - 1:-1].bool() & attention_mask[:, first:].bool()      # [B, T-first]
+        return F.pad(logprobs * real, (first, 0))                                              # [B, T]
 
     # -- export ---------------------------------------------------------------------------------------
 
@@ -408,6 +426,13 @@ def _in_dtype(state_dict: dict, dtype: torch.dtype) -> dict:
             value = cast[slot]
         out[key] = value
     return out
+
+
+def first_target_column(target_mask: torch.Tensor) -> int:
+    """The first column where any row of `target_mask` (`[B, T]`, True: a token whose log-prob is used) is True:
+    `Agent.token_logprobs`'s `first_target` (1 when none is)."""
+    columns = torch.nonzero(target_mask.any(0)).flatten()
+    return max(1, int(columns[0])) if len(columns) else 1
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,

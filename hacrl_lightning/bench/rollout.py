@@ -2,8 +2,10 @@
 
     python scripts/bench.py rollout [--agents tiny_a,tiny_b,tiny_c] [--prompts 16] [--group 8]
                                     [--max-new-tokens 24] [--repeats 3] [--backend hf|vllm|all] [--json out.json]
+                                    [--few-shot 2]
 
-Prompts are the synthetic task's held-out problems in each agent's chat template; the prompt count,
+Prompts are the synthetic task's held-out problems in each agent's chat template (`--few-shot k`: after k worked
+examples, as `data.few_shot=k` trains: `--agents smollm2_135m_instruct --few-shot 2`); the prompt count,
 G and lengths are printed beside the figures (median of `--repeats` timed calls after a warm-up).
 The vLLM backend is measured where vLLM serves a platform: CUDA, or its CPU build (`.venv-vllm`), where each
 engine's KV cache gets 1% of the machine's memory.
@@ -40,6 +42,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", default="all", choices=["hf", "vllm", "all"])
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
+    parser.add_argument("--few-shot", type=int, default=0, help="worked examples before each question (data.few_shot)")
 
 
 def backends(choice: str) -> list[str]:
@@ -63,7 +66,8 @@ def engine_for(backend: str, agent: Agent, workdir: Path):
 
 
 def run(args) -> dict:
-    cfg, _ = compose_config([f"agents=[{args.agents}]", "algorithm=gspo"])
+    cfg, _ = compose_config([f"agents=[{args.agents}]", "algorithm=gspo", f"data.few_shot={args.few_shot}"],
+                            preflight=args.few_shot > 0)  # the preflight fits preset lengths to the examples
     _, held_out = load_task(cfg.data)
     questions = [ex.prompt for ex in list(held_out)[: args.prompts]]
     device = "cuda" if torch.cuda.is_available() else "cpu"

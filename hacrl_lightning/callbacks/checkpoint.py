@@ -46,6 +46,9 @@ from hacrl_lightning.run_dir import run_dir_of
 from hacrl_lightning.safe_load import UnsafeCheckpoint, check_distributed_checkpoint, load_checkpoint_file
 
 CHECKPOINT_RE = re.compile(r"^step_(\d+)\.ckpt$")
+WEIGHTS_RE = re.compile(r"^weights_step_(\d+)\.ckpt$")
+"""`trainer.keep_at_end=weights`: the last step's weights without optimizer, loop or callback state (evaluate.py
+reads it; a run cannot resume from it)."""
 CRASH_ENV = "HACRL_CRASH_IN_CHECKPOINT"
 SPACE_MARGIN = (1.05, 1 << 20)
 """Free space a save wants: its estimated size times the first, plus the second in bytes (the summary,
@@ -61,15 +64,20 @@ def checkpoint_path(directory: Path, step: int) -> Path:
     return directory / f"step_{step:07d}.ckpt"
 
 
-def save_atomically(trainer, path: Path) -> Path:
-    """`trainer.save_checkpoint` into `<path>.partial`, then rename (a collective: call on all ranks).
+def weights_path(directory: Path, step: int) -> Path:
+    return directory / f"weights_step_{step:07d}.ckpt"
+
+
+def save_atomically(trainer, path: Path, *, weights_only: bool = False) -> Path:
+    """`trainer.save_checkpoint` into `<path>.partial`, then rename (a collective: call on all ranks);
+    `weights_only`: the module's weights and its `on_save_checkpoint` state, no optimizer or callback state.
     A write that fails on any rank (an OSError: no space, a quota, an I/O error) removes the `.partial`
     and raises `CheckpointNotSaved` on every rank."""
     partial = path.with_name(path.name + ".partial")
     if trainer.is_global_zero and partial.exists():
         _remove(partial)
     trainer.strategy.barrier()
-    error = _attempt(lambda: trainer.save_checkpoint(str(partial), weights_only=False))  # optimizers, callbacks too
+    error = _attempt(lambda: trainer.save_checkpoint(str(partial), weights_only=weights_only))
     trainer.strategy.barrier()
     if trainer.is_global_zero and error is None:
         error = _attempt(lambda: fsync_tree(partial))
@@ -177,8 +185,39 @@ def candidates(location: str | os.PathLike) -> list[Path]:
         found = _checkpoints(directory)
         if found:
             return found[::-1]
+    weights = newest_weights(location)
+    if weights is not None:
+        raise FileNotFoundError(f"resume={str(location)!r}: the run kept only {weights.name}, its weights without "
+                                "optimizer state (trainer.keep_at_end=weights), which cannot continue it exactly; "
+                                f"evaluate it (scripts/evaluate.py agents=[{location}]), or start a new run from its "
+                                "exports (agents.<key>.model=<run>/exports/<key>)")
     raise FileNotFoundError(f"resume={str(location)!r}: no complete checkpoint (step_*.ckpt) in it or in its "
                             "checkpoints/ folder; give a run directory that saved one, or a .ckpt path")
+
+
+def newest_evaluable(location: str | os.PathLike) -> Path:
+    """What evaluation reads at `location`: a checkpoint file as given, else the newest of a run dir's complete full
+    checkpoint and its `weights_step_*.ckpt` (by step). Raises FileNotFoundError (saying why) when there is neither."""
+    weights = newest_weights(location) if not Path(location).suffix == ".ckpt" else None
+    try:
+        full = latest_checkpoint(location)
+    except FileNotFoundError:
+        if weights is None:
+            raise
+        return weights
+    if weights is None:
+        return full
+    steps = [int(rx.match(p.name).group(1)) if rx.match(p.name) else -1
+             for p, rx in ((full, CHECKPOINT_RE), (weights, WEIGHTS_RE))]
+    return weights if steps[1] > steps[0] else full
+
+
+def newest_weights(location: str | os.PathLike) -> Path | None:
+    """The newest `weights_step_*.ckpt` of a run dir or its checkpoints/ (`trainer.keep_at_end=weights`), or None."""
+    location = Path(location)
+    found = [p for directory in (location / "checkpoints", location) if directory.is_dir()
+             for p in directory.glob("weights_step_*.ckpt") if WEIGHTS_RE.match(p.name)]
+    return max(found, key=lambda p: int(WEIGHTS_RE.match(p.name).group(1)), default=None)
 
 
 def latest_checkpoint(location: str | os.PathLike) -> Path:
@@ -228,11 +267,12 @@ class StepCheckpoint(Callback):
     step `steps` (the last) and after the step at which the run was told to stop; keep the newest `keep`."""
 
     def __init__(self, directory: str | os.PathLike, *, every: int, steps: int, minutes: float = 0.0, keep: int = 3,
-                 last: bool = True):
+                 last: str = "checkpoint"):
         self.directory = Path(directory)
         self.every, self.steps, self.minutes, self.keep = every, steps, minutes, keep
         self.last = last
-        """Save after the last step (`trainer.keep_at_end=checkpoint`); False: the run keeps its exports only."""
+        """After the last step (`trainer.keep_at_end`): `checkpoint` saves a full checkpoint, `weights` the weights
+        alone (`weights_step_N.ckpt`), `exports` nothing (the exports will be what stays)."""
         self._saved_step: int | None = None
         self._last_save = time.monotonic()
 
@@ -276,16 +316,31 @@ class StepCheckpoint(Callback):
         due = trainer.is_global_zero and time.monotonic() - self._last_save >= 60 * self.minutes
         return bool(trainer.strategy.broadcast(due, src=0))
 
+    def _save_weights(self, trainer, pl_module) -> None:
+        """The last step's weights alone (`trainer.keep_at_end=weights`), atomically, where the disk has room."""
+        path = weights_path(self.directory, pl_module.steps_done)
+        shortfall = None
+        if trainer.is_global_zero:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            weights = sum(t.numel() * t.element_size() for t in pl_module.state_dict().values())
+            shortfall = space_shortfall(self.directory, weights)
+        shortfall = trainer.strategy.broadcast(shortfall, src=0)
+        if shortfall:
+            raise CheckpointNotSaved(not_saved_message(path, shortfall))
+        save_atomically(trainer, path, weights_only=True)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = pl_module.steps_done
-        if step >= self.steps and not self.last and not trainer.should_stop:  # the exports will be what stays
+        if step >= self.steps and self.last != "checkpoint" and not trainer.should_stop:
+            if self.last == "weights":
+                self._save_weights(trainer, pl_module)
             return
         if ((self.every and step % self.every == 0) or step >= self.steps or trainer.should_stop
                 or self._time_is_up(trainer)):
             self._save(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if not self.last and pl_module.steps_done >= self.steps:
+        if self.last != "checkpoint" and pl_module.steps_done >= self.steps:
             return
         if not checkpoint_path(self.directory, pl_module.steps_done).exists():  # e.g. a resume that trained nothing
             self._save(trainer, pl_module)
