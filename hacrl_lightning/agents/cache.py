@@ -67,6 +67,18 @@ def files_intact(directory: Path, table: Dict[str, Dict[str, Any]]) -> bool:
     return not file_problems(directory, table)
 
 
+def read_manifest(directory: Path, name: str) -> dict | None:
+    """The manifest `name` of a complete, intact entry (every file of its `files` table there with its size and
+    checksum), else None."""
+    import json
+
+    try:
+        manifest = json.loads((directory / name).read_text())
+        return manifest if files_intact(directory, manifest["files"]) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def staging_dirs(final: Path) -> list[Path]:
     """The staging directories of entry `final` (`install`'s `.<name>.XXXXXXXX` siblings; not its lock file)."""
     return sorted(p for p in final.parent.glob(f".{final.name}.*") if p.is_dir() and not p.is_symlink())

