@@ -28,6 +28,8 @@ and compare.py exits 1 naming the runs that did not finish.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shlex
 import signal
@@ -143,14 +145,19 @@ def plan(cfg: CompareConfig) -> tuple[list[ex.Arm], Path]:
 
 
 def check_runs(specs: list[ex.RunSpec], training: list[str]) -> tuple[list[ex.RunSpec], dict[Path, dict]]:
-    """Compose and validate every run before the first starts; raise one ConfigError with all problems.
+    """Compose, validate and preflight every run before the first starts; raise one ConfigError with all problems.
     Returns the specs with the hash of their resolved config, and each run directory's resolved values."""
     problems: list[Problem] = []
     seen: set[str] = set()
     hashed, values = [], {}
     for spec in specs:
-        try:
-            _, dcfg = compose_config(spec.overrides(training, quote=hydra_value))
+        try:  # with train.py's preflight, which may fit agents' lengths (data.few_shot): what the run will save
+            with contextlib.redirect_stdout(io.StringIO()) as said:
+                _, dcfg = compose_config(spec.overrides(training, quote=hydra_value), preflight=True)
+            for line in said.getvalue().splitlines():  # each fitted length once, not once per run
+                if line not in seen:
+                    seen.add(line)
+                    print(line, flush=True)
             values[spec.run_dir] = ex.resolved_values(OmegaConf.to_yaml(dcfg, resolve=True))  # as train.py saves it
             hashed.append(replace(spec, config_hash=ex.config_hash(values[spec.run_dir])))
         except ConfigError as err:

@@ -135,6 +135,29 @@ def test_resolved_values_hash_every_value_but_where_the_run_lives():
         assert ex.config_hash(values("run_dir=/a", change)) != ex.config_hash(base), change
 
 
+def test_a_finished_run_of_a_few_shot_comparison_is_recognised_by_its_fitted_lengths(tmp_path, script_main, capsys,
+                                                                                      zoo_cache):
+    """compare.py hashes each run's config after train.py's preflight, which fits tiny_a's lengths to
+    `data.few_shot=2` (234 + 22): the hash is that of the config the run saves, so a finished run is kept, not
+    re-run. The fitted line is said once for all runs."""
+    import sys as _sys
+
+    from omegaconf import OmegaConf
+
+    from hacrl_lightning.cli import compose_config
+
+    script_main("compare")  # loads the script's module
+    compare = _sys.modules["scripts_compare"]
+    training = ["data.few_shot=2", f"zoo_cache={zoo_cache}"]
+    specs = ex.plan_runs([ex.Arm("hacpo", ("algorithm=hacpo",))], [0, 1], tmp_path)
+    hashed, values = compare.check_runs(specs, training)
+    out = capsys.readouterr().out
+    assert out.count("agents.tiny_a: data.few_shot prompts take up to 234 tokens") == 1
+    assert {v["agents.tiny_a.max_prompt_len"] for v in values.values()} == {234}
+    _, saved = compose_config(hashed[0].overrides(training), preflight=True)  # what train.py saves
+    assert ex.config_hash(ex.resolved_values(OmegaConf.to_yaml(saved, resolve=True))) == hashed[0].config_hash
+
+
 @pytest.mark.slow
 def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_cache, script_main, capsys,
                                                                  monkeypatch):
