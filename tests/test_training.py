@@ -330,6 +330,28 @@ def _exported(run: Path, name: str) -> dict:
 
 
 @pytest.mark.slow
+def test_keep_at_end_weights_under_fsdp2_keeps_the_exported_weights(tmp_path, zoo_cache):
+    """`trainer.keep_at_end=weights` on 2 gloo ranks with per-agent FSDP2 (a checkpoint every step): one distributed
+    weights-only checkpoint is left, and evaluate.py's loader reads from it the weights the run exported, bitwise."""
+    from omegaconf import OmegaConf
+
+    from hacrl_lightning.evaluation import agents_from_checkpoint
+
+    run = tmp_path / "run"
+    out = _fsdp_run(run, zoo_cache, 2, "-", "trainer.keep_at_end=weights")
+    assert out.count("RANK-DONE steps=2") == 2
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["weights_step_0000002.ckpt"]
+    _, dcfg = compose_config(["agents=[tiny_a,tiny_b]", "trainer.strategy=fsdp", "trainer.accelerator=cpu",
+                              "trainer.devices=2", "trainer.steps=2", f"run_dir={run}", f"zoo_cache={zoo_cache}"])
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))  # scripts/train.py saves it; fsdp_run not
+    agents, info = agents_from_checkpoint(run, zoo_cache=zoo_cache)
+    assert info["step"] == 2 and (run / "checkpoints" / "weights_step_0000002.ckpt").is_dir()
+    for name, agent in agents.items():
+        state, exported = agent.model.state_dict(), _exported(run, name)
+        assert all(torch.equal(state[key], weight) for key, weight in exported.items()), name
+
+
+@pytest.mark.slow
 def test_a_split_run_interrupted_and_resumed_equals_the_uninterrupted_one(tmp_path, zoo_cache):
     """trainer.placement=split on 2 gloo ranks: 3 steps straight, and 1 step + a resume to 3 (a distributed
     checkpoint whose optimizer states and LR schedules are keyed by agent) end with bitwise equal weights. The
