@@ -12,7 +12,8 @@ small per-row tables, never weights (docs/training.md#placement).
 it (`rank_in(name)`, `size_of(name)`), its process group, and the engines on its machine
 (`engines_on_node`). `connect()` creates the groups' process groups (a collective: every rank calls it once
 the world exists). `split_problems` and `group_sizes` are the checks and the choice of sizes, and
-`engine_shares` the vLLM engines' memory shares summed over a machine, all made before anything loads.
+`engine_shares` the vLLM engines' memory shares summed over a machine, all made before anything loads;
+`launch_rank` this process's rank before the Trainer exists.
 Deliberately not here: moving memory (`offload.py`), sharding (`strategies.py`) and the step itself.
 """
 
@@ -21,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["CPU_ENGINES_SHARE", "DEFAULT_SHARE", "Placement", "engine_shares", "group_sizes", "split_problems"]
+__all__ = ["CPU_ENGINES_SHARE", "DEFAULT_SHARE", "Placement", "engine_shares", "group_sizes", "launch_rank",
+           "split_problems"]
 
 
 def _world(cfg) -> int:
@@ -162,6 +164,21 @@ def engine_shares(shares: dict[str, float | None], engines_per_agent: dict[str, 
             f"cache takes {each:.4g} of its memory ({gib(each * total_bytes)}; agents.<key>.gpu_memory_utilization "
             "sets it)") if count else ""
     return {**{name: each for name in auto}, **fixed}, problems, line
+
+
+def launch_rank(devices: Any) -> int:
+    """This process's global rank as Lightning will set it, known before the Trainer exists (rank zero claims
+    the run directory): Lightning's own reading of RANK / SLURM_PROCID / LOCAL_RANK, or, in Lightning's plain
+    multi-node environment where a node is told only its NODE_RANK (docs/training.md#several-nodes),
+    node_rank * devices + local_rank."""
+    import os
+
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    if "RANK" in os.environ or "SLURM_PROCID" in os.environ or "NODE_RANK" not in os.environ:
+        return rank_zero_only.rank
+    per_node = devices if isinstance(devices, int) and devices > 0 else 1
+    return int(os.environ["NODE_RANK"]) * per_node + int(os.environ.get("LOCAL_RANK", 0))
 
 
 @dataclass

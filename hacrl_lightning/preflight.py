@@ -146,8 +146,11 @@ def check_run(cfg: TrainConfig, *, free_lengths: Mapping[str, FreeLengths] = Map
     problems += [p for p in preflight_problems(cfg, free_lengths=free_lengths, said=said) if p.key not in seen]
     if problems:
         raise ConfigError(problems)
-    for line in said:
-        print(line, flush=True)
+    from hacrl_lightning.placement import launch_rank
+
+    if launch_rank(cfg.trainer.devices) == 0:  # every rank runs the preflight; one says what it fitted
+        for line in said:
+            print(line, flush=True)
     return cfg
 
 
@@ -513,18 +516,18 @@ def _model_config(model: str, cfg: AgentConfig):
         return None
 
 
-def fit_few_shot_lengths(key: str, model: str, tokenizer, cfg: AgentConfig, prompts: Sequence[str],
+def fit_few_shot_lengths(key: str, config, tokenizer, cfg: AgentConfig, prompts: Sequence[str],
                          answers: Sequence[str], free: FreeLengths) -> Optional[str]:
     """With `data.few_shot=k` every prompt carries k worked examples, which an agent preset's `max_prompt_len`
     (written for bare questions: tiny_a's 96) rarely holds. Where the command line left it to the preset
     (`free.prompt`), it becomes the longest sampled prompt in this agent's template, and where the model's
     positions then cannot hold `max_response_len` (and `free.response`), the response gets what is left, if that
-    still holds the longest sampled answer plus EOS. Changes `cfg`; returns the line that says so, or None
-    (nothing to change, or it cannot fit: the checks after this refuse it with the figures)."""
+    still holds the longest sampled answer plus EOS (`config`: the model's, from `_model_config`). Changes `cfg`;
+    returns the line that says so, or None (nothing to change, or it cannot fit: the checks after this refuse it
+    with the figures)."""
     from hacrl_lightning.agents.agent import encode_chat_prompts
     from hacrl_lightning.agents.tokenizers import encode_text
 
-    config = _model_config(model, cfg)
     found = model_positions(config) if config is not None else None
     if not free.prompt or not prompts or found is None:
         return None
@@ -562,15 +565,16 @@ def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers
             problems.append(problem)
     if problems or source is None:
         return problems
-    tokenizer = _load_tokenizer(source, cfg)
-    line = tokenizer is not None and fit_few_shot_lengths(key, model, tokenizer, cfg, prompts, answers, free)
+    tokenizer, config = _load_tokenizer(source, cfg), _model_config(model, cfg)  # config.json read once, here
+    line = tokenizer is not None and fit_few_shot_lengths(key, config, tokenizer, cfg, prompts, answers, free)
     if line and said is not None:
         said.append(line)
-    problems = context_problems(key, model, cfg)
+    problems = context_problems(key, config, cfg)
     if tokenizer is None:
         return problems
     return problems + (_tokenizer_problems(key, tokenizer_key, source, tokenizer, cfg, prompts, answers) or
-                       _vocab_problems(key, tokenizer_key, model, source, tokenizer, cfg, [*prompts, *answers]))
+                       _vocab_problems(key, tokenizer_key, config, model, source, tokenizer, cfg,
+                                       [*prompts, *answers]))
 
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
@@ -594,10 +598,9 @@ def model_positions(config) -> Optional[tuple[int, str]]:
     return positions, name
 
 
-def context_problems(key: str, model: str, cfg: AgentConfig) -> List[Problem]:
-    """`max_prompt_len + max_response_len` beyond the positions of the model's config.json (no weights are
-    read): named with both numbers and the limits that fit."""
-    config = _model_config(model, cfg)
+def context_problems(key: str, config, cfg: AgentConfig) -> List[Problem]:
+    """`max_prompt_len + max_response_len` beyond the positions of the model's config.json (`config`, from
+    `_model_config`; no weights are read): named with both numbers and the limits that fit."""
     if config is None:
         return []  # not cached, or not a config transformers knows: Agent.load says what to do
     found = model_positions(config)
@@ -676,25 +679,20 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
     return problems
 
 
-def _vocab_problems(key: str, tokenizer_key: str, model: str, source: str, tokenizer, cfg: AgentConfig,
+def _vocab_problems(key: str, tokenizer_key: str, config, model: str, source: str, tokenizer, cfg: AgentConfig,
                     texts: Sequence[str]) -> List[Problem]:
     """A tokenizer that is not its model's (another agent's, say): one with ids beyond the model's
     embedding (`vocab_size` of its config.json; no weights are read), or, when `tokenizer` overrides a
     model directory that holds a tokenizer of its own, one that gives the task's texts other ids than
     that one does (the model never learned them: it would train at accuracy 0). A tokenizer smaller
-    than the embedding is fine (padded vocabularies, as Qwen's)."""
-    from transformers import AutoConfig
-
+    than the embedding is fine (padded vocabularies, as Qwen's). `config`: the model's, from `_model_config`."""
     from hacrl_lightning.agents.agent import mismatch_fix, model_vocab_size
     from hacrl_lightning.agents.sources import looks_like_path
     from hacrl_lightning.agents.tokenizers import embedding_mismatch, encode_text
 
-    local = looks_like_path(model)
-    try:
-        config = AutoConfig.from_pretrained(os.path.expanduser(model), revision=cfg.revision,
-                                            trust_remote_code=cfg.trust_remote_code, local_files_only=not local)
-    except (OSError, ValueError):
+    if config is None:
         return []  # not cached, or not a config transformers knows: Agent.load says what to do
+    local = looks_like_path(model)
     vocab_size, value = model_vocab_size(config), cfg.tokenizer or cfg.model
     mismatch = embedding_mismatch(tokenizer, vocab_size)
     if mismatch:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import os
 import signal
 import sys
 import time
@@ -22,7 +21,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from hacrl_lightning.agents.agent import Agent
@@ -47,7 +45,7 @@ from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule, UpdateSettings
 from hacrl_lightning.offload import Residency
-from hacrl_lightning.placement import Placement
+from hacrl_lightning.placement import Placement, launch_rank
 from hacrl_lightning.resume import config_dict, resume_changes
 from hacrl_lightning.run_dir import claim_run_dir, linked_exports_problem, run_dir_of
 from hacrl_lightning.strategies import lightning_precision, make_strategy
@@ -254,17 +252,6 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
             return summary
         finally:
             run.release()
-
-
-def launch_rank(devices: Any) -> int:
-    """This process's global rank as Lightning will set it, known before the Trainer exists (rank zero claims
-    the run directory): Lightning's own reading of RANK / SLURM_PROCID / LOCAL_RANK, or, in Lightning's plain
-    multi-node environment where a node is told only its NODE_RANK (docs/training.md#several-nodes),
-    node_rank * devices + local_rank."""
-    if "RANK" in os.environ or "SLURM_PROCID" in os.environ or "NODE_RANK" not in os.environ:
-        return rank_zero_only.rank
-    per_node = devices if isinstance(devices, int) and devices > 0 else 1
-    return int(os.environ["NODE_RANK"]) * per_node + int(os.environ.get("LOCAL_RANK", 0))
 
 
 def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, Any]]:

@@ -148,23 +148,23 @@ def check_runs(specs: list[ex.RunSpec], training: list[str]) -> tuple[list[ex.Ru
     """Compose, validate and preflight every run before the first starts; raise one ConfigError with all problems.
     Returns the specs with the hash of their resolved config, and each run directory's resolved values."""
     problems: list[Problem] = []
-    seen: set[str] = set()
+    said, refused = set(), set()  # fitted-length lines printed, problems listed: each once over all runs
     hashed, values = [], {}
     for spec in specs:
         try:  # with train.py's preflight, which may fit agents' lengths (data.few_shot): what the run will save
-            with contextlib.redirect_stdout(io.StringIO()) as said:
+            with contextlib.redirect_stdout(io.StringIO()) as out:
                 _, dcfg = compose_config(spec.overrides(training, quote=hydra_value), preflight=True)
-            for line in said.getvalue().splitlines():  # each fitted length once, not once per run
-                if line not in seen:
-                    seen.add(line)
+            for line in out.getvalue().splitlines():  # each fitted length once, not once per run
+                if line not in said:
+                    said.add(line)
                     print(line, flush=True)
             values[spec.run_dir] = ex.resolved_values(OmegaConf.to_yaml(dcfg, resolve=True))  # as train.py saves it
             hashed.append(replace(spec, config_hash=ex.config_hash(values[spec.run_dir])))
         except ConfigError as err:
             for problem in err.problems:
                 text = f"[{spec.arm.name}] {problem}"
-                if text not in seen:
-                    seen.add(text)
+                if text not in refused:
+                    refused.add(text)
                     problems.append(Problem(f"{spec.arm.name}: {problem.key}", problem.value, problem.allowed, problem.fix))
     if problems:
         raise ConfigError(problems)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from transformers import AutoModelForCausalLM
 
 from conftest import save_lossy_wordpiece
@@ -182,10 +183,11 @@ def test_prompt_limit_names_the_length_that_fits(files):
     assert [p.key for p in problems] == ["agents.tiny_a.max_prompt_len"]
 
 
-def test_few_shot_prompts_get_room_where_the_command_line_left_the_lengths_to_the_presets(files, model_loads, capsys):
+def test_few_shot_prompts_get_room_where_the_command_line_left_the_lengths_to_the_presets(files, model_loads, capsys,
+                                                                                          monkeypatch):
     """`data.few_shot=2` puts two worked examples before every question: tiny_a's preset limit (96, bare questions)
     holds none of them. Left to the presets, each agent's max_prompt_len becomes its longest sampled prompt, and
-    tiny_a's response gets what its 256 positions leave (234 + 22); said, and saved as what runs. A length the
+    tiny_a's response gets what its 256 positions leave (234 + 22); said (by rank 0 only), and saved as what runs. A length the
     command line sets is the user's: kept, and refused if it cannot hold the prompts."""
     cfg, dcfg = compose_config(overrides_for(["agents=[tiny_a,tiny_b]", "data.few_shot=2"], files), preflight=True)
     lengths = {name: (a.max_prompt_len, a.max_response_len) for name, a in cfg.agents.items()}
@@ -194,6 +196,11 @@ def test_few_shot_prompts_get_room_where_the_command_line_left_the_lengths_to_th
     out = capsys.readouterr().out
     assert "agents.tiny_a: data.few_shot prompts take up to 234 tokens" in out and "24 -> 22" in out
     assert "max_prompt_len 96 -> 112." in out and model_loads == []
+    monkeypatch.setattr(rank_zero_only, "rank", 1)  # another rank of the run: the same fit, said by rank 0 alone
+    other, _ = compose_config(overrides_for(["agents=[tiny_a,tiny_b]", "data.few_shot=2"], files), preflight=True)
+    assert {name: (a.max_prompt_len, a.max_response_len) for name, a in other.agents.items()} == lengths
+    assert "data.few_shot prompts" not in capsys.readouterr().out
+    monkeypatch.undo()
     plain, _ = compose_config(overrides_for(["agents=[tiny_a,tiny_b]"], files), preflight=True)
     assert plain.agents["tiny_a"].max_prompt_len == 96  # without examples nothing changes
     for chosen in ("agents.tiny_a.max_prompt_len=96", "agents.tiny_a.max_response_len=40"):

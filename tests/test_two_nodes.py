@@ -43,7 +43,7 @@ def runs(tmp_path_factory, zoo_cache):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     # NODE_RANK alone, as Lightning's plain environment has it: the run directory is claimed before Lightning
-    # starts, by the rank `training.launch_rank` derives from it (with RANK read first, both nodes took
+    # starts, by the rank `placement.launch_rank` derives from it (with RANK read first, both nodes took
     # themselves for rank 0 and, on one filesystem, the second was refused the run directory's lock)
     nodes = [subprocess.Popen([sys.executable, SCRIPT, "replay-nodes", str(out), str(zoo_cache), CASE], cwd=REPO,
                               env={**env, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE,
