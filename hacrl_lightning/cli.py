@@ -427,6 +427,16 @@ def _experiment_agent_keys(overrides: Sequence[str]) -> set[str]:
     return {f"agents.{key}.{name}" for key, values in agents.items() if isinstance(values, dict) for name in values}
 
 
+def _defaulted_lengths(dcfg: DictConfig, overrides: Sequence[str]) -> set[str]:
+    """`agents.<key>.max_prompt_len` / `max_response_len` that `agent_defaults` gave an agent (from the command
+    line or an experiment; `apply_agent_defaults`): a choice of the user's or the recipe's, not the preset's."""
+    shared = {name for name in ("max_prompt_len", "max_response_len") if name in dcfg.get("agent_defaults", {})}
+    if not shared:
+        return set()
+    own = _agent_file_keys(overrides)
+    return {f"agents.{key}.{name}" for key in dcfg.agents for name in shared if name not in own.get(key, set())}
+
+
 def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> None:
     """Give every agent of the list the `agent_defaults` it does not set itself (its file, the command line
     and the experiment's `agents.<key>.*` win), and refuse an `agents.<key>` that names no agent of the list
@@ -498,7 +508,7 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     if typed.resume and "run_dir" not in explicit:  # a resume continues in its run's directory
         typed.run_dir = cfg.run_dir = str(resume_run_dir(typed.resume))
     if preflight:  # lengths set by a preset, not by the command line or the experiment, may fit data.few_shot
-        chosen = explicit | _experiment_agent_keys(overrides)
+        chosen = explicit | _experiment_agent_keys(overrides) | _defaulted_lengths(cfg, overrides)
         free = {name: FreeLengths(prompt=f"agents.{name}.max_prompt_len" not in chosen,
                                   response=f"agents.{name}.max_response_len" not in chosen) for name in typed.agents}
     checked = check_run(typed, free_lengths=free) if preflight else validate(typed)

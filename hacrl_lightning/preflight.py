@@ -390,13 +390,13 @@ def preflight_problems(cfg: TrainConfig, *, free_lengths: Mapping[str, FreeLengt
     hub = hub_problems(cfg)
     task_problems: List[Problem] = []
     no_data = any(p.key.startswith("data.") for p in hub)  # its hub benchmarks are unreachable: said there
-    prompts, answers = ([], []) if no_data else _task_sample(cfg.data, task_problems)
+    prompts, answers, every = ([], [], []) if no_data else _task_sample(cfg.data, task_problems)
     problems += [] if problems else task_problems  # a task that cannot load its missing file: said once
     problems += device_problems(cfg) + hub
     for name, agent_cfg in cfg.agents.items():
         free = free_lengths.get(name, FreeLengths()) if cfg.data.few_shot else FreeLengths()
         problems += _agent_problems(name, agent_cfg, prompts, answers, zoo_cache=cfg.zoo_cache, free=free,
-                                    said=said if said is not None else [])
+                                    every_prompt=every, said=said if said is not None else [])
     problems += memory_plan_problems(cfg)  # after the fitting: the plan counts the lengths that run
     if cfg.resume:
         from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
@@ -424,10 +424,11 @@ def _data_file_problems(data: DataConfig) -> List[Problem]:
     return problems
 
 
-def _task_sample(data: DataConfig, problems: List[Problem]) -> tuple[list[str], list[str]]:
-    """Up to SAMPLE_PROMPTS prompts and boxed answers of each split; a task that fails to load is a problem."""
+def _task_sample(data: DataConfig, problems: List[Problem]) -> tuple[list[str], list[str], list[str]]:
+    """Up to SAMPLE_PROMPTS prompts and boxed answers of each split, and every prompt of both (what
+    `fit_few_shot_lengths` measures); a task that fails to load is a problem."""
     if data.name not in task_names():
-        return [], []  # name_problems reports it
+        return [], [], []  # name_problems reports it
     try:
         splits = load_task(data)
     except (KeyError, ValueError, OSError, BenchmarkLoadError) as err:
@@ -437,9 +438,10 @@ def _task_sample(data: DataConfig, problems: List[Problem]) -> tuple[list[str], 
                     if path is not None and path in map(str, files)), "data")
         problems.append(Problem(key, path if key != "data" else data.name,
                                 "a data file that loads" if key != "data" else "a task that loads", str(message)))
-        return [], []
+        return [], [], []
     examples = [ex for split in splits for ex in list(split)[:SAMPLE_PROMPTS]]
-    return [ex.prompt for ex in examples], [format_answer(ex.gold) for ex in examples]
+    every = [ex.prompt for split in splits for ex in split] if data.few_shot else []
+    return [ex.prompt for ex in examples], [format_answer(ex.gold) for ex in examples], every
 
 
 def _local_dir_problem(key: str, source: str, *, need_config: bool) -> Optional[Problem]:
@@ -520,11 +522,12 @@ def fit_few_shot_lengths(key: str, config, tokenizer, cfg: AgentConfig, prompts:
                          answers: Sequence[str], free: FreeLengths) -> Optional[str]:
     """With `data.few_shot=k` every prompt carries k worked examples, which an agent preset's `max_prompt_len`
     (written for bare questions: tiny_a's 96) rarely holds. Where the command line left it to the preset
-    (`free.prompt`), it becomes the longest sampled prompt in this agent's template, and where the model's
-    positions then cannot hold `max_response_len` (and `free.response`), the response gets what is left, if that
-    still holds the longest sampled answer plus EOS (`config`: the model's, from `_model_config`). Changes `cfg`;
-    returns the line that says so, or None (nothing to change, or it cannot fit: the checks after this refuse it
-    with the figures)."""
+    (`free.prompt`), it becomes the longest of `prompts` (every prompt of both splits) in this agent's template
+    that leaves the model's positions room for the longest sampled answer plus EOS; longer prompts could never
+    be answered and are dropped at load (data.filter_overlong_prompts), which the line counts. Where the
+    positions then cannot hold `max_response_len` too and it is the preset's (`free.response`), the response
+    gets what they leave. `config`: the model's, from `_model_config`. Changes `cfg`; returns the line that says
+    what changed, or None (nothing to change, or it cannot fit: the checks after this refuse it with the figures)."""
     from hacrl_lightning.agents.agent import encode_chat_prompts
     from hacrl_lightning.agents.tokenizers import encode_text
 
@@ -532,28 +535,33 @@ def fit_few_shot_lengths(key: str, config, tokenizer, cfg: AgentConfig, prompts:
     if not free.prompt or not prompts or found is None:
         return None
     positions, _ = found
-    if max(map(len, prompts)) > positions * CHARS_PER_TOKEN_BOUND:
-        return None  # cannot fit whatever happens: refused by its length alone, never tokenized
-    longest = max(len(ids) for ids in encode_chat_prompts(tokenizer, cfg, prompts))
-    if longest <= cfg.max_prompt_len:
+    answer = 1 + max((len(ids) for ids in encode_text(tokenizer, answers)), default=0)  # + EOS
+    room = positions - answer  # the longest prompt that can be answered at all
+    measurable = [text for text in prompts if len(text) <= room * CHARS_PER_TOKEN_BOUND]  # others never fit
+    fitting = [n for n in (len(ids) for ids in encode_chat_prompts(tokenizer, cfg, measurable)) if n <= room] \
+        if measurable else []
+    if not fitting or max(fitting) <= cfg.max_prompt_len:
         return None
-    response = cfg.max_response_len
+    longest, response = max(fitting), cfg.max_response_len
     if longest + response > positions:
-        answer = 1 + max((len(ids) for ids in encode_text(tokenizer, answers)), default=0)  # + EOS
-        if not free.response or positions - longest < answer:
-            return None
+        if not free.response:
+            return None  # the command line's response length: refused with the figures
         response = positions - longest
+    dropped = len(prompts) - len(fitting)
     old = (cfg.max_prompt_len, cfg.max_response_len)
     cfg.max_prompt_len, cfg.max_response_len = longest, response
     changed = f"max_prompt_len {old[0]} -> {longest}" + (f", max_response_len {old[1]} -> {response} (the model's "
                                                          f"{positions} positions)" if response != old[1] else "")
+    left_out = (f"; {dropped} of {len(prompts)} prompts are longer than the model's positions leave and are dropped "
+                "at load") if dropped else ""
     return (f"{key}: data.few_shot prompts take up to {longest} tokens in its template, more than its preset's "
-            f"max_prompt_len; for this run {changed}. Set {key}.max_prompt_len on the command line to choose")
+            f"max_prompt_len; for this run {changed}{left_out}. Set {key}.max_prompt_len on the command line to "
+            "choose")
 
 
 def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers: Sequence[str], *,
-                    zoo_cache: Any, free: FreeLengths = FreeLengths(), said: Optional[List[str]] = None
-                    ) -> List[Problem]:
+                    zoo_cache: Any, free: FreeLengths = FreeLengths(), every_prompt: Sequence[str] = (),
+                    said: Optional[List[str]] = None) -> List[Problem]:
     key = f"agents.{name}"
     problems: List[Problem] = []
     model = _resolve(name, f"{key}.model", cfg.model, zoo_cache, problems)
@@ -566,9 +574,9 @@ def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers
     if problems or source is None:
         return problems
     tokenizer, config = _load_tokenizer(source, cfg), _model_config(model, cfg)  # config.json read once, here
-    line = tokenizer is not None and fit_few_shot_lengths(key, config, tokenizer, cfg, prompts, answers, free)
-    if line and said is not None:
-        said.append(line)
+    fitted = tokenizer is not None and fit_few_shot_lengths(key, config, tokenizer, cfg, every_prompt, answers, free)
+    if fitted and said is not None:
+        said.append(fitted)
     problems = context_problems(key, config, cfg)
     if tokenizer is None:
         return problems

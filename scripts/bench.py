@@ -8,7 +8,7 @@
 
     python scripts/bench.py exchange [--agents tiny_qwen3,tiny_llama32] [--synthetic 500] [--stress 200]
 
-    python scripts/bench.py sync [--agents tiny_b,tiny_qwen3] [--methods file,shared_memory] [--bucket-mb 256]
+    python scripts/bench.py sync [--agents tiny_b,tiny_qwen3] [--methods file,shared_memory] [--bucket-mb 256] [--ranks 2]
 
 `rollout`: generation throughput per agent and backend (tokens/s, responses/s) on prompts of the
 synthetic task, with the prompt count, G and lengths printed beside the figures. The vLLM backend

@@ -18,7 +18,7 @@ import pytest
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from transformers import AutoModelForCausalLM
 
-from conftest import save_lossy_wordpiece
+from conftest import agent_preset, save_lossy_wordpiece
 from hacrl_lightning.agents import zoo
 from hacrl_lightning.cli import compose_config
 from hacrl_lightning.errors import ConfigError
@@ -207,6 +207,40 @@ def test_few_shot_prompts_get_room_where_the_command_line_left_the_lengths_to_th
         problems = problems_of(overrides_for(["agents=[tiny_a,tiny_b]", "data.few_shot=2", chosen], files)).problems
         assert [p.key for p in problems] == ["agents.tiny_a.max_prompt_len"], chosen
         assert "234 to keep them all" in problems[0].fix
+
+
+def test_the_fit_measures_every_prompt_and_counts_those_the_positions_cannot_hold(files):
+    """The fit reads every prompt of both splits, not the preflight's sample of 64 (a longer prompt outside the
+    sample would be dropped at load without anyone having chosen the limit): the longest that leaves tiny_a's 256
+    positions room for the answer sets max_prompt_len, and one too long for any response is counted, not fitted."""
+    from hacrl_lightning.agents.agent import encode_chat_prompts
+    from hacrl_lightning.preflight import FreeLengths, _load_tokenizer, _model_config, fit_few_shot_lengths
+
+    model = str(zoo.ensure_built("tiny_a", cache_dir=files["zoo"]))
+    cfg = agent_preset("tiny_a")
+    tokenizer, config = _load_tokenizer(model, cfg), _model_config(model, cfg)
+    prompts = ["What is 1 + 2?", "What is 12 + 34? " + "Think. " * 20, "What is 5 + 6? " + "Think. " * 40]
+    measured = [len(ids) for ids in encode_chat_prompts(tokenizer, cfg, prompts)]
+    assert measured[0] < 96 < measured[1] < 256 - 24 < measured[2]  # past the preset, and past any answer's room
+    line = fit_few_shot_lengths("agents.tiny_a", config, tokenizer, cfg, prompts, ["\\boxed{46}"],
+                                FreeLengths(prompt=True, response=True))
+    assert (cfg.max_prompt_len, cfg.max_response_len) == (measured[1], 24)
+    assert f"max_prompt_len 96 -> {measured[1]}" in line and "1 of 3 prompts are longer" in line
+
+
+def test_lengths_given_through_agent_defaults_are_chosen_not_fitted(files, tmp_path, capsys):
+    """`agent_defaults.max_prompt_len=...` (the command line's or an experiment's) gives an agent whose own file sets
+    no length that value: a choice, kept as a command-line length is, not raised by the few-shot fit. An agent whose
+    file sets its lengths keeps its file's (agent_defaults never overrides it), so its lengths are still fitted."""
+    own = tmp_path / "plain_a.yaml"
+    own.write_text("model: zoo:tiny_a\nlr: 1.0e-4\n")
+    cfg, _ = compose_config(overrides_for([f"agents=[{own},tiny_b]", "data.few_shot=2",
+                                           "agent_defaults.max_prompt_len=240", "agent_defaults.max_response_len=16"],
+                                          files), preflight=True)
+    assert (cfg.agents["plain_a"].max_prompt_len, cfg.agents["plain_a"].max_response_len) == (240, 16)
+    assert cfg.agents["tiny_b"].max_prompt_len == 112
+    out = capsys.readouterr().out
+    assert "agents.plain_a: data.few_shot" not in out and "agents.tiny_b: data.few_shot" in out
 
 
 def test_lengths_past_the_models_positions_name_both_numbers_and_a_fix_that_passes(files, tmp_path, train_main,

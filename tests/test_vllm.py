@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -340,6 +341,25 @@ def test_split_placement_runs_one_engine_per_rank_and_they_answer_as_the_exports
     assert_engines_answered_as_their_exports(run, summary, zoo_cache, updates_per_step=4)  # n·P/mini = 2·8/4
 
 
+def test_two_ranks_under_fsdp2_sync_every_engine_in_buckets_and_they_answer_as_the_exports(tmp_path, zoo_cache):
+    """`rollout=vllm trainer=fsdp` on 2 gloo ranks, shared placement: each agent's weights are sharded over both
+    ranks and each rank has its own engine per agent. Every sync gathers one tensor at a time into small
+    shared-memory buckets (`rollout.weight_sync_mb=0.05`: dozens per sync); the engines' log-probs, measured
+    every step on both ranks (the maximum over ranks), are the trainer's in fp32, and their final held-out
+    answers are a transformers evaluation's of the exports: the checks of the 1-rank run above, on 2 ranks."""
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "scripts/train.py", "rollout=vllm", "rollout.weight_sync=shared_memory",
+                           "rollout.weight_sync_mb=0.05", "trainer.mismatch_every=1", "trainer=fsdp",
+                           "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+                           "trainer.steps=2", "data.eval_size=32", "rollout.group_size=4", f"run_dir={run}",
+                           f"zoo_cache={zoo_cache}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 2
+    assert_engines_answered_as_their_exports(run, summary, zoo_cache, updates_per_step=4)  # n·P/mini = 2·8/4
+
+
 def test_sleep_is_refused_on_vllms_cpu_build_naming_why():
     """vLLM's CPU build has no sleep mode (`is_sleep_mode_available()` is false there): the preflight refuses
     `rollout.sleep=true` in one line, never leaving it silently unused."""
@@ -348,3 +368,25 @@ def test_sleep_is_refused_on_vllms_cpu_build_naming_why():
     problem = sleep_problem()
     assert problem is not None and problem.key == "rollout.sleep"
     assert "cpu platform has no sleep mode" in problem.allowed and "CUDA" in problem.fix
+
+
+def test_the_sync_benchmark_on_two_fsdp2_ranks_reports_every_rank_and_method(tmp_path, zoo_cache):
+    """`bench.py sync --ranks 2`: tiny_a FSDP2-sharded over 2 gloo ranks, one engine per rank and method; each
+    rank's rows are there, the shared-memory sync went in several buckets, the file sync wrote the whole model
+    (an fp32 file of at least the weights' bytes) and nothing crossed through a file on the shared-memory path.
+    The figures themselves are measurements (docs/PERFORMANCE.md), not asserted."""
+    out = tmp_path / "sync.json"
+    done = subprocess.run([sys.executable, "scripts/bench.py", "sync", "--agents", "tiny_a", "--methods",
+                           "shared_memory,file", "--repeats", "1", "--ranks", "2", "--bucket-mb", "0.05",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HACRL_ZOO_CACHE": str(zoo_cache)})
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    rows = json.loads(out.read_text())["sync"]
+    assert sorted((row["rank"], row["method"]) for row in rows) == [(0, "file"), (0, "shared_memory"),
+                                                                    (1, "file"), (1, "shared_memory")]
+    for row in rows:
+        assert math.isfinite(row["sync_s"]) and row["sync_s"] > 0
+        if row["method"] == "shared_memory":
+            assert row["buckets"] > 3 and row["disk_mb"] == 0.0
+        else:
+            assert row["disk_mb"] >= row["model_mb"] > 0

@@ -174,9 +174,19 @@ def _checkpoints(directory: Path) -> list[Path]:
                   key=lambda p: int(CHECKPOINT_RE.match(p.name).group(1)))
 
 
+def _weights_only(location: Path, weights: Path) -> str:
+    """Why `resume=location` cannot continue from `weights` (a weights-only checkpoint), and what to do instead."""
+    run = run_dir_of(weights)
+    return (f"resume={str(location)!r}: the run kept only {weights.name}, its weights without optimizer state "
+            "(trainer.keep_at_end=weights), which cannot continue it exactly; evaluate it (scripts/evaluate.py "
+            f"agents=[{run}]), or start a new run from its exports (agents.<key>.model=<run>/exports/<key>)")
+
+
 def candidates(location: str | os.PathLike) -> list[Path]:
     """A checkpoint file/dir as given, or the complete `step_*.ckpt` of a run dir (or its checkpoints/), newest first."""
     location = Path(location)
+    if WEIGHTS_RE.match(location.name):
+        raise FileNotFoundError(_weights_only(location, location))
     if CHECKPOINT_RE.match(location.name) or location.suffix == ".ckpt":
         if not location.exists():
             raise FileNotFoundError(f"resume={str(location)!r}: no such checkpoint")
@@ -187,10 +197,7 @@ def candidates(location: str | os.PathLike) -> list[Path]:
             return found[::-1]
     weights = newest_weights(location)
     if weights is not None:
-        raise FileNotFoundError(f"resume={str(location)!r}: the run kept only {weights.name}, its weights without "
-                                "optimizer state (trainer.keep_at_end=weights), which cannot continue it exactly; "
-                                f"evaluate it (scripts/evaluate.py agents=[{location}]), or start a new run from its "
-                                "exports (agents.<key>.model=<run>/exports/<key>)")
+        raise FileNotFoundError(_weights_only(location, weights))
     raise FileNotFoundError(f"resume={str(location)!r}: no complete checkpoint (step_*.ckpt) in it or in its "
                             "checkpoints/ folder; give a run directory that saved one, or a .ckpt path")
 
