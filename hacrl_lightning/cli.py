@@ -376,6 +376,11 @@ def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> Di
 
 def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
     """The composed (unvalidated) training DictConfig; raises ConfigError for override and composition problems."""
+    return _compose_train(overrides)[0]
+
+
+def _compose_train(overrides: Sequence[str]) -> tuple[DictConfig, frozenset[str]]:
+    """`compose_dictconfig`, and the `agents.<key>.<setting>` keys `agent_defaults` filled (`apply_agent_defaults`)."""
     register_schema()
     overrides, problems = register_agent_files(overrides)
     # `agent_defaults` is a free dict: agent_defaults.<setting>=... adds the key or replaces an experiment's
@@ -386,8 +391,7 @@ def compose_dictconfig(overrides: Sequence[str] = ()) -> DictConfig:
         if problems:
             raise ConfigError(problems)
         dcfg = _compose(CONFIG_DIR, "train", overrides)
-        apply_agent_defaults(dcfg, overrides)
-        return dcfg
+        return dcfg, apply_agent_defaults(dcfg, overrides)
     finally:  # a user's agent files serve this composition only (an `agents` group would turn evaluate.py's
         forget_agent_files()  # `agents=[...]` list into a group choice in the same process)
 
@@ -427,20 +431,11 @@ def _experiment_agent_keys(overrides: Sequence[str]) -> set[str]:
     return {f"agents.{key}.{name}" for key, values in agents.items() if isinstance(values, dict) for name in values}
 
 
-def _defaulted_lengths(dcfg: DictConfig, overrides: Sequence[str]) -> set[str]:
-    """`agents.<key>.max_prompt_len` / `max_response_len` that `agent_defaults` gave an agent (from the command
-    line or an experiment; `apply_agent_defaults`): a choice of the user's or the recipe's, not the preset's."""
-    shared = {name for name in ("max_prompt_len", "max_response_len") if name in dcfg.get("agent_defaults", {})}
-    if not shared:
-        return set()
-    own = _agent_file_keys(overrides)
-    return {f"agents.{key}.{name}" for key in dcfg.agents for name in shared if name not in own.get(key, set())}
-
-
-def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> None:
+def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> frozenset[str]:
     """Give every agent of the list the `agent_defaults` it does not set itself (its file, the command line
     and the experiment's `agents.<key>.*` win), and refuse an `agents.<key>` that names no agent of the list
-    (per-agent values keyed by a name the list does not hold), naming the key and the list."""
+    (per-agent values keyed by a name the list does not hold), naming the key and the list. Returns the
+    `agents.<key>.<setting>` keys it filled."""
     agents = dcfg.agents
     listed = [key for key in agents if not OmegaConf.is_missing(agents[key], "model")]
     shared = OmegaConf.to_container(dcfg.agent_defaults, resolve=False) if "agent_defaults" in dcfg else {}
@@ -455,13 +450,14 @@ def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> None:
                                    f"add it to the list (agents=[...,{key}]) or drop agents.{key}.*; settings for every "
                                    "agent go under agent_defaults") for key in strays])
     if not shared:
-        return
+        return frozenset()
     names = [f.name for f in fields(AgentConfig)]
     unknown = [key for key in shared if key not in names]
     if unknown:
         raise ConfigError([Problem(f"agent_defaults.{key}", UNKNOWN_KEY, suggest(key, names),
                                    "agent_defaults holds agents.<key>.* settings; fix the spelling") for key in unknown])
     explicit = explicit_keys(overrides) | _experiment_agent_keys(overrides)
+    filled = set()
     for key in listed:
         for name, value in shared.items():
             if name not in own.get(key, set()) and f"agents.{key}.{name}" not in explicit:
@@ -469,6 +465,8 @@ def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> None:
                     agents[key][name] = value
                 except OmegaConfBaseException as err:
                     raise ConfigError([_problem_from_exception(err)]) from None
+                filled.add(f"agents.{key}.{name}")
+    return frozenset(filled)
 
 
 def forget_agent_files() -> None:
@@ -481,7 +479,8 @@ def forget_agent_files() -> None:
         del ConfigStore.instance().repo["agents"]
 
 
-def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequence[str] = ()) -> TrainConfig:
+def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequence[str] = (),
+                    defaulted: frozenset[str] = frozenset()) -> TrainConfig:
     """DictConfig -> resolved, validated TrainConfig (resolving interpolations such as ${now:...}).
 
     The pair's values are resolved into the algorithm (`overrides`: the command line it was composed
@@ -491,7 +490,8 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     directory (a `run_dir=` of another directory forks the run there; `training.train`).
     Values and names are always checked (`hacrl_lightning.preflight.validate`); `preflight`: also
     files and tokenizers (`preflight.check_run`), all problems in one error; what `scripts/train.py`
-    does before any model is loaded."""
+    does before any model is loaded. With `data.few_shot` the preflight fits the lengths that no one chose:
+    not those of `overrides`, of the experiment, or that `agent_defaults` filled (`defaulted`)."""
     try:
         typed = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
@@ -508,7 +508,7 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     if typed.resume and "run_dir" not in explicit:  # a resume continues in its run's directory
         typed.run_dir = cfg.run_dir = str(resume_run_dir(typed.resume))
     if preflight:  # lengths set by a preset, not by the command line or the experiment, may fit data.few_shot
-        chosen = explicit | _experiment_agent_keys(overrides) | _defaulted_lengths(cfg, overrides)
+        chosen = explicit | _experiment_agent_keys(overrides) | defaulted  # agent_defaults': a choice too
         free = {name: FreeLengths(prompt=f"agents.{name}.max_prompt_len" not in chosen,
                                   response=f"agents.{name}.max_response_len" not in chosen) for name in typed.agents}
     checked = check_run(typed, free_lengths=free) if preflight else validate(typed)
@@ -538,8 +538,8 @@ def code_reward_problems(cfg: TrainConfig, explicit: frozenset[str]) -> list[Pro
 
 def compose_config(overrides: Sequence[str] = (), *, preflight: bool = False) -> tuple[TrainConfig, DictConfig]:
     """Overrides -> (validated TrainConfig, the DictConfig it came from with the resolved algorithm, for saving)."""
-    dcfg = compose_dictconfig(overrides)
-    return to_train_config(dcfg, preflight=preflight, overrides=overrides), dcfg
+    dcfg, defaulted = _compose_train(overrides)
+    return to_train_config(dcfg, preflight=preflight, overrides=overrides, defaulted=defaulted), dcfg
 
 
 def compose_evaluate(overrides: Sequence[str] = (), *, preflight: bool = False) -> tuple[EvaluateConfig, DictConfig]:

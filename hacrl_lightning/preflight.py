@@ -36,8 +36,9 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
 
 `validate_evaluate(cfg)` does the same for `scripts/evaluate.py` (protocol, benchmark, reward and
 backend names); `check_evaluate(cfg)` adds its device, vLLM and hub agents and benchmarks
-(`evaluate_machine_problems`). Deliberately not here: model weights (never loaded), and prompts
-beyond the sample, and the prompts the run drops for their length (`data/filters.py`; with
+(`evaluate_machine_problems`). Deliberately not here: model weights (never loaded), prompts beyond the
+sample (but for the few-shot fit, which measures them all), and the prompts the run drops for their length
+(`data/filters.py`; with
 `data.filter_overlong_prompts=false` they are left-truncated instead and counted in the
 `<agent>/degenerate/prompt_truncated` metric, docs/reliability.md).
 """
@@ -552,8 +553,8 @@ def fit_few_shot_lengths(key: str, config, tokenizer, cfg: AgentConfig, prompts:
     cfg.max_prompt_len, cfg.max_response_len = longest, response
     changed = f"max_prompt_len {old[0]} -> {longest}" + (f", max_response_len {old[1]} -> {response} (the model's "
                                                          f"{positions} positions)" if response != old[1] else "")
-    left_out = (f"; {dropped} of {len(prompts)} prompts are longer than the model's positions leave and are dropped "
-                "at load") if dropped else ""
+    left_out = (f"; {dropped} of {len(prompts)} prompts are longer than the model's positions leave (dropped at load, "
+                "or left-truncated with data.filter_overlong_prompts=false)") if dropped else ""
     return (f"{key}: data.few_shot prompts take up to {longest} tokens in its template, more than its preset's "
             f"max_prompt_len; for this run {changed}{left_out}. Set {key}.max_prompt_len on the command line to "
             "choose")

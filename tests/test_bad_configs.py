@@ -9,6 +9,7 @@ weights were loaded (`from_pretrained` of a causal LM is watched, not replaced).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -196,11 +197,11 @@ def test_few_shot_prompts_get_room_where_the_command_line_left_the_lengths_to_th
     out = capsys.readouterr().out
     assert "agents.tiny_a: data.few_shot prompts take up to 234 tokens" in out and "24 -> 22" in out
     assert "max_prompt_len 96 -> 112." in out and model_loads == []
-    monkeypatch.setattr(rank_zero_only, "rank", 1)  # another rank of the run: the same fit, said by rank 0 alone
-    other, _ = compose_config(overrides_for(["agents=[tiny_a,tiny_b]", "data.few_shot=2"], files), preflight=True)
+    with monkeypatch.context() as patch:  # another rank of the run: the same fit, said by rank 0 alone
+        patch.setattr(rank_zero_only, "rank", 1)
+        other, _ = compose_config(overrides_for(["agents=[tiny_a,tiny_b]", "data.few_shot=2"], files), preflight=True)
     assert {name: (a.max_prompt_len, a.max_response_len) for name, a in other.agents.items()} == lengths
     assert "data.few_shot prompts" not in capsys.readouterr().out
-    monkeypatch.undo()
     plain, _ = compose_config(overrides_for(["agents=[tiny_a,tiny_b]"], files), preflight=True)
     assert plain.agents["tiny_a"].max_prompt_len == 96  # without examples nothing changes
     for chosen in ("agents.tiny_a.max_prompt_len=96", "agents.tiny_a.max_response_len=40"):
@@ -225,22 +226,46 @@ def test_the_fit_measures_every_prompt_and_counts_those_the_positions_cannot_hol
     line = fit_few_shot_lengths("agents.tiny_a", config, tokenizer, cfg, prompts, ["\\boxed{46}"],
                                 FreeLengths(prompt=True, response=True))
     assert (cfg.max_prompt_len, cfg.max_response_len) == (measured[1], 24)
-    assert f"max_prompt_len 96 -> {measured[1]}" in line and "1 of 3 prompts are longer" in line
+    assert f"max_prompt_len 96 -> {measured[1]}" in line and "1 of 3 prompts are longer than the model's positions leave" in line
 
 
-def test_lengths_given_through_agent_defaults_are_chosen_not_fitted(files, tmp_path, capsys):
+def test_the_fit_reads_past_the_preflights_sample_of_64_prompts(files, tmp_path):
+    """Wired through the preflight: a GSM8K-layout train file whose longest question is its 68th row (outside the
+    64 prompts the other checks sample) sets tiny_qwen3's fitted max_prompt_len, so no prompt is dropped at load."""
+    from hacrl_lightning.agents.agent import encode_chat_prompts
+    from hacrl_lightning.data.tasks import load_task
+    from hacrl_lightning.preflight import _load_tokenizer
+
+    rows = [{"question": f"Sam has {i} apples and buys 3 more. How many apples does he have?",
+             "answer": f"{i} + 3 = {i + 3}\n#### {i + 3}"} for i in range(70)]
+    rows[67]["question"] += " Count them carefully, one by one." * 8
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg, _ = compose_config(overrides_for(["agents=[tiny_qwen3]", "algorithm=gspo", "data.name=gsm8k",
+                                           f"data.train_files=[{data}]", f"data.eval_files=[{data}]",
+                                           "data.eval_size=8", "data.few_shot=1"], files), preflight=True)
+    agent = agent_preset("tiny_qwen3")
+    tokenizer = _load_tokenizer(str(zoo.ensure_built("tiny_qwen3", cache_dir=files["zoo"])), agent)
+    train, held_out = load_task(cfg.data)
+    every = [len(ids) for ids in encode_chat_prompts(tokenizer, agent, [ex.prompt for ex in [*train, *held_out]])]
+    sampled = every[:64] + every[len(train):len(train) + 64]
+    assert max(sampled) < max(every) == cfg.agents["tiny_qwen3"].max_prompt_len
+
+
+def test_lengths_given_through_agent_defaults_are_chosen_not_fitted(files, tmp_path):
     """`agent_defaults.max_prompt_len=...` (the command line's or an experiment's) gives an agent whose own file sets
-    no length that value: a choice, kept as a command-line length is, not raised by the few-shot fit. An agent whose
-    file sets its lengths keeps its file's (agent_defaults never overrides it), so its lengths are still fitted."""
-    own = tmp_path / "plain_a.yaml"
-    own.write_text("model: zoo:tiny_a\nlr: 1.0e-4\n")
-    cfg, _ = compose_config(overrides_for([f"agents=[{own},tiny_b]", "data.few_shot=2",
-                                           "agent_defaults.max_prompt_len=240", "agent_defaults.max_response_len=16"],
-                                          files), preflight=True)
-    assert (cfg.agents["plain_a"].max_prompt_len, cfg.agents["plain_a"].max_response_len) == (240, 16)
-    assert cfg.agents["tiny_b"].max_prompt_len == 112
-    out = capsys.readouterr().out
-    assert "agents.plain_a: data.few_shot" not in out and "agents.tiny_b: data.few_shot" in out
+    no length that value: a choice, kept as a command-line length is (200 holds no two-example prompt: refused, not
+    raised to 234). An agent file given by path that sets its own lengths keeps them (agent_defaults never overrides
+    a file), so they are fitted as a preset's are."""
+    plain, sized = tmp_path / "plain_a.yaml", tmp_path / "sized_a.yaml"
+    plain.write_text("model: zoo:tiny_a\n")
+    sized.write_text("model: zoo:tiny_a\nmax_prompt_len: 96\nmax_response_len: 24\n")
+    shared = ["data.few_shot=2", "agent_defaults.max_prompt_len=200", "agent_defaults.max_response_len=16"]
+    problems = problems_of(overrides_for([f"agents=[{plain},tiny_b]", *shared], files)).problems
+    assert [p.key for p in problems] == ["agents.plain_a.max_prompt_len"]
+    cfg, _ = compose_config(overrides_for([f"agents=[{sized},tiny_b]", *shared], files), preflight=True)
+    assert {name: (a.max_prompt_len, a.max_response_len) for name, a in cfg.agents.items()} == \
+        {"sized_a": (234, 22), "tiny_b": (112, 24)}
 
 
 def test_lengths_past_the_models_positions_name_both_numbers_and_a_fix_that_passes(files, tmp_path, train_main,

@@ -104,7 +104,7 @@ def _measure(args, *, mesh=None) -> list[dict]:
     from hacrl_lightning.strategies import shard_agent
 
     ranks = mesh.size() if mesh is not None else 1
-    share = min(0.2, 0.8 / ranks) if vllm_platform() == "cuda" else 0.01  # one engine a rank at a time
+    share = min(0.2, 0.8 / ranks) if vllm_platform() == "cuda" else 0.01  # one engine per rank alive at a time
     rank = mesh.get_rank() if mesh is not None else 0
     barrier = (lambda: torch.distributed.barrier()) if mesh is not None else (lambda: None)
     cfg, _ = compose_config([f"agents=[{args.agents}]", "algorithm=gspo"])
@@ -121,7 +121,10 @@ def _measure(args, *, mesh=None) -> list[dict]:
             if mesh is not None:  # then sharded, as training builds its engines before `configure_model` shards
                 shard_agent(agent.model, mesh)
             for method in [m for m in args.methods.split(",") if m]:
-                engine = make_engine("vllm", agent.model, **{**options, "weight_sync": method})
+                for turn in range(ranks):  # the ranks' engines start one after another (vLLM profiles memory)
+                    if turn == rank:
+                        engine = make_engine("vllm", agent.model, **{**options, "weight_sync": method})
+                    barrier()
                 engine.sync_weights(agent.model)  # untimed: the first sync maps the buffer
                 seconds, trainer, engine_mb = [], [], []
                 peaks = Peaks()

@@ -185,7 +185,7 @@ def _weights_only(location: Path, weights: Path) -> str:
 def candidates(location: str | os.PathLike) -> list[Path]:
     """A checkpoint file/dir as given, or the complete `step_*.ckpt` of a run dir (or its checkpoints/), newest first."""
     location = Path(location)
-    if WEIGHTS_RE.match(location.name):
+    if WEIGHTS_RE.match(location.name) and location.exists():
         raise FileNotFoundError(_weights_only(location, location))
     if CHECKPOINT_RE.match(location.name) or location.suffix == ".ckpt":
         if not location.exists():
