@@ -840,6 +840,11 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.devices", tr.devices)
     c.positive("trainer.num_nodes", tr.num_nodes)
     c.choice("trainer.strategy", tr.strategy, STRATEGIES)
+    if (tr.devices > 1 or tr.num_nodes > 1) and tr.strategy in ("auto", "single"):
+        # Lightning would pick DDP, whose ranks after the first hold no agent: the run hangs at its first collective
+        key, value = ("trainer.devices", tr.devices) if tr.devices > 1 else ("trainer.num_nodes", tr.num_nodes)
+        c.bad(key, value, f"1 with trainer.strategy={tr.strategy} (several ranks shard each agent with FSDP2)",
+              f"add trainer.strategy=fsdp (or trainer=fsdp), or set {key}=1")
     c.choice("trainer.placement", tr.placement, PLACEMENTS)  # whether a split can be made: placement.split_problems
     if tr.precision not in PRECISIONS:
         low = str(tr.precision).endswith("-true") and str(tr.precision) != "32-true"

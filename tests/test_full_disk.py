@@ -137,3 +137,39 @@ def test_a_checkpoint_that_does_not_fit_is_refused_or_removed_and_the_disk_is_no
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["last_checkpoint"] is None
     assert shutil.disk_usage(disk).free > 2_500_000  # nothing is left that keeps the disk full
+
+
+def test_a_distributed_checkpoint_that_runs_out_of_space_is_a_failed_write_not_a_crash(small_disk):
+    """FSDP2's checkpoints are torch's distributed checkpoints, which raise `CheckpointException` on a full disk: a
+    BaseException wrapping each rank's error, not an OSError. It escaped the clean `CheckpointNotSaved` path and
+    left its `.partial` behind. Real DCP, one process, 8 MB into a 2 MB filesystem."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from hacrl_lightning.callbacks.checkpoint import _attempt, _reason
+
+    disk = small_disk(2)
+    error = _attempt(lambda: dcp.save({"w": torch.zeros(2_000_000)}, checkpoint_id=disk / "step_0000001.ckpt.partial"))
+    assert isinstance(error, CheckpointException)  # returned, not raised past the caller
+    reason = _reason(error)
+    assert reason.startswith("rank 0: ") and "\n" not in reason and "Traceback" not in reason, reason
+    shutil.rmtree(disk / "step_0000001.ckpt.partial")  # what save_atomically does next: the disk has room again
+    assert _attempt(lambda: dcp.save({"w": torch.zeros(10)}, checkpoint_id=disk / "small")) is None
+
+
+def test_a_stale_partial_of_another_step_is_removed_before_the_next_save(tmp_path):
+    """A `.partial` left by a killed or failed write (a file, or a distributed checkpoint's directory) takes space
+    the next save needs; it is removed before the space is measured, and complete checkpoints are kept."""
+    from hacrl_lightning.callbacks.checkpoint import StepCheckpoint
+
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    (directory / "step_0000001.ckpt").write_bytes(b"x" * 100)
+    (directory / "step_0000002.ckpt.partial").write_bytes(b"x" * 50)
+    (directory / "weights_step_0000002.ckpt.partial").mkdir()
+    (directory / "weights_step_0000002.ckpt.partial" / "__0_0.distcp").write_bytes(b"x" * 50)
+    keeper = StepCheckpoint(directory, every=1, steps=3)
+    assert keeper._make_room(trainer=None, pl_module=None) is None  # the estimate is the newest checkpoint's size
+    assert sorted(p.name for p in directory.iterdir()) == ["step_0000001.ckpt"]

@@ -6,7 +6,7 @@ callback states such as the capability window, the data position, loop counters)
 to `step_XXXXXXX.ckpt.partial`, flushed to disk (fsync), and renamed to `step_XXXXXXX.ckpt` only
 when complete (then the directory entry is fsynced too; `files.py`), so a process killed mid-write leaves the
 previous checkpoints untouched and `latest_checkpoint` never returns a partial one; a stale
-`.partial` is removed by the next save of that step. Budgets count training steps, not
+`.partial` is removed by the next save. Budgets count training steps, not
 Lightning's `global_step`.
 
 `StepCheckpoint` saves every `every` steps, whenever `minutes` have passed since the last save (the
@@ -71,7 +71,7 @@ def weights_path(directory: Path, step: int) -> Path:
 def save_atomically(trainer, path: Path, *, weights_only: bool = False) -> Path:
     """`trainer.save_checkpoint` into `<path>.partial`, then rename (a collective: call on all ranks);
     `weights_only`: the module's weights and its `on_save_checkpoint` state, no optimizer or callback state.
-    A write that fails on any rank (an OSError: no space, a quota, an I/O error) removes the `.partial`
+    A write that fails on any rank (no space, a quota, an I/O error: `_attempt`) removes the `.partial`
     and raises `CheckpointNotSaved` on every rank."""
     partial = path.with_name(path.name + ".partial")
     if trainer.is_global_zero and partial.exists():
@@ -84,7 +84,7 @@ def save_atomically(trainer, path: Path, *, weights_only: bool = False) -> Path:
     if not trainer.strategy.reduce_boolean_decision(error is None, all=True):  # every rank agrees
         if trainer.is_global_zero:
             _remove(partial)
-        reason = f"the write failed ({error})" if error else "another rank's write failed"
+        reason = f"the write failed ({_reason(error)})" if error else "another rank's write failed"
         raise CheckpointNotSaved(not_saved_message(path, reason))
     if trainer.is_global_zero:
         _crash_hook(partial)
@@ -95,13 +95,26 @@ def save_atomically(trainer, path: Path, *, weights_only: bool = False) -> Path:
     return path
 
 
-def _attempt(write) -> OSError | None:
-    """Run `write()`; the OSError it raised (None: it succeeded)."""
+def _attempt(write) -> BaseException | None:
+    """Run `write()`; the error of a failed write it raised (None: it succeeded). A failed write is an OSError,
+    or, for a distributed checkpoint (FSDP2), torch's `CheckpointException`: a BaseException (not an Exception)
+    that wraps each rank's error, a full disk among them."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         write()
-    except OSError as err:
+    except (OSError, CheckpointException) as err:
         return err
     return None
+
+
+def _reason(error: BaseException) -> str:
+    """One line for a failed write: a distributed checkpoint's `CheckpointException` prints every rank's traceback,
+    so each rank's own error is named instead."""
+    failures = getattr(error, "failures", None)
+    if not isinstance(failures, dict):
+        return str(error)
+    return "; ".join(f"rank {rank}: {type(failure[0]).__name__}: {failure[0]}" for rank, failure in sorted(failures.items()))
 
 
 def _remove(path: Path) -> None:
@@ -305,7 +318,10 @@ class StepCheckpoint(Callback):
     def _make_room(self, trainer, pl_module) -> str | None:
         """Rank zero, before a save: None when the checkpoint fits (`space_shortfall`; its size estimated from
         the newest checkpoint, else from the state's bytes), after removing, where space is short, the old
-        checkpoints this save would prune anyway (never the newest); else why it does not fit."""
+        checkpoints this save would prune anyway (never the newest) and any `.partial` left by a write that was
+        killed or failed; else why it does not fit."""
+        for stale in self.directory.glob("*.ckpt.partial"):
+            _remove(stale)
         old = _checkpoints(self.directory)
         estimate = _size(old[-1]) if old else state_bytes(trainer, pl_module)
         shortfall = space_shortfall(self.directory, estimate)
@@ -349,8 +365,9 @@ class StepCheckpoint(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if self.last != "checkpoint" and pl_module.steps_done >= self.steps:
             return
-        if not checkpoint_path(self.directory, pl_module.steps_done).exists():  # e.g. a resume that trained nothing
-            self._save(trainer, pl_module)
+        saved = trainer.is_global_zero and checkpoint_path(self.directory, pl_module.steps_done).exists()
+        if not trainer.strategy.broadcast(saved, src=0):  # e.g. a resume that trained nothing; rank zero's view, so
+            self._save(trainer, pl_module)  # every rank enters the save (a collective) or none does
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         """A checkpoint written after a run's last step carries Lightning's "the loader is exhausted" flag,
