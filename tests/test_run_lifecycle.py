@@ -52,10 +52,11 @@ def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def _default_sigint() -> None:
-    """In the child: SIGINT at its default. A suite started as a background job of a shell (`make test &`,
-    `nohup ... &`) inherits SIGINT ignored, and train.py rightly leaves an ignored SIGINT ignored, so
-    without this the SIGINT cases would test the launcher rather than the run."""
+    """In the child: SIGINT and SIGHUP at their defaults. A suite started as a background job of a shell
+    (`make test &`) inherits SIGINT ignored, and under `nohup` SIGHUP too; train.py rightly leaves an ignored
+    signal ignored, so without this those cases would test the launcher rather than the run."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def start_script(args: list[str]) -> subprocess.Popen:
