@@ -28,7 +28,7 @@ from hacrl_lightning.algorithms.capability import CapabilityWindow
 from hacrl_lightning.callbacks.capability import CapabilityCallback
 from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, StepCheckpoint, latest_checkpoint, newest_weights, \
     resume_checkpoint
-from hacrl_lightning.callbacks.interrupt import RunInterrupted, StopOnSignal, catch_signals
+from hacrl_lightning.callbacks.interrupt import RunInterrupted, StopOnSignal, catch_signals, signals_deferred
 from hacrl_lightning.callbacks.no_signal import NoSignalWarning
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
 from hacrl_lightning.callbacks.hparams import ConfigHParams
@@ -39,7 +39,7 @@ from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
 from hacrl_lightning.config import TrainConfig
 from hacrl_lightning.console import quiet_libraries
 from hacrl_lightning.data.records import PromptDataset
-from hacrl_lightning.errors import ConfigError
+from hacrl_lightning.errors import ConfigError, RunFailed
 from hacrl_lightning.files import write_atomically
 from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
@@ -238,11 +238,16 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
             exports = {}
             try:
                 if cfg.trainer.export_agents and status == "completed":
-                    for name, agent in module.agents.items():
-                        exports[name] = str(agent.export(run_dir / "exports" / name))
-                    exports = _every_export(module, exports)
-            except RunInterrupted as err:  # the training is complete and checkpointed; the exports are not
+                    exports, signum = _export_agents(module, run_dir, trainer)
+                    if signum:  # the training is complete and checkpointed; the exports are not
+                        status, roles["stop"].signum = "interrupted", signum
+            except RunInterrupted as err:  # a second signal: stopped at once
                 status, roles["stop"].signum = "interrupted", err.signum
+            except ExportFailed as err:
+                status, error = "failed", f"{type(err).__name__}: {err}"
+                _write_failed_summary(trainer, run_dir, make_summary(cfg, module, roles, {}, status=status, error=error,
+                                                                     overlong=datamodule.overlong))
+                raise
             if cfg.trainer.keep_at_end != "checkpoint" and status == "completed" and rank == 0:
                 for path in _checkpoint_files(run_dir / "checkpoints"):  # the weights, or the exports, are what stays
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -276,6 +281,49 @@ def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, An
 def _checkpoint_files(directory: Path) -> list[Path]:
     """The run's checkpoints (`step_*.ckpt`, files or distributed folders, and `.partial` ones)."""
     return sorted(directory.glob("step_*.ckpt*")) if directory.is_dir() else []
+
+
+class ExportFailed(RunFailed):
+    """An agent's export failed after a completed training (on some rank; raised on every rank)."""
+
+
+def _export_agents(module: HACRLModule, run_dir: Path, trainer: pl.Trainer) -> tuple[dict[str, str], int | None]:
+    """Every agent's export (each a collective under FSDP2: its mesh gathers it), and the signal that stopped them
+    (None: none). After each agent the ranks agree (one all_gather): a signal on any rank stops the exports on every
+    rank, a failure on any rank fails the run on every rank (`ExportFailed`, naming the rank and its error), so no
+    rank is left waiting in a gather that another has left."""
+    exports: dict[str, str] = {}
+    with signals_deferred("finishing this agent's export, then stopping (the training is checkpointed)") as asked:
+        for name, agent in module.agents.items():  # the same count on every rank: all agents, or one under split
+            error = None
+            try:
+                exports[name] = str(agent.export(run_dir / "exports" / name))
+            except Exception as err:  # noqa: BLE001 - every rank must hear of it before any raises
+                error = f"{type(err).__name__}: {err}"
+            outcomes = _on_every_rank((asked.signum, error))
+            failed = [(rank, text) for rank, (_, text) in enumerate(outcomes) if text]
+            if failed:
+                rank, text = failed[0]
+                where = f" on rank {rank}" if len(outcomes) > 1 else ""
+                raise ExportFailed(f"the export of {name}{where} failed ({text}). The training is complete and "
+                                   f"checkpointed. Fix: remove the cause, then run the same command with "
+                                   f"resume={run_dir}: it exports again (from the newest full checkpoint, the last "
+                                   "step's unless trainer.keep_at_end kept only its weights)")
+            signum = max(s or 0 for s, _ in outcomes)
+            if signum:
+                return exports, signum
+    return _every_export(module, exports), None
+
+
+def _on_every_rank(value: Any) -> list:
+    """`value` of every rank, in rank order (one all_gather_object; `[value]` in one process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    values: list = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def _every_export(module: HACRLModule, exports: dict[str, str]) -> dict[str, str]:

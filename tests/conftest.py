@@ -104,6 +104,19 @@ def model_loads(monkeypatch) -> list:
     return calls
 
 
+class ForeignExport(Callback):
+    """At the end of the fit, on rank zero: a file of someone else's in `exports/<name>`, which the export of
+    `name` refuses to delete (a failed export, made real)."""
+
+    def __init__(self, run_dir, name: str):
+        self.directory = Path(run_dir) / "exports" / name
+
+    def on_train_end(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.directory / "notes.txt").write_text("someone else's\n")
+
+
 class StopAfter(Callback):
     """Interrupt a run after `steps` training steps (as a kill would, but after that step's checkpoint)."""
 

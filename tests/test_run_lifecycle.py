@@ -472,3 +472,57 @@ def test_sigterm_to_rank_zero_stops_both_ranks_after_the_same_step_and_the_run_r
     assert resumed.stdout.count(f"RANK-DONE steps={steps + 1}") == 2
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["sessions"] == 2
+
+
+# --- the end-of-fit exports: every rank agrees on how they end -------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_failed_export_fails_the_run_with_its_reason_and_resume_exports_again(tmp_path, zoo_cache):
+    """One process: the export of tiny_a meets a file of someone else's. The run fails with one message naming the
+    agent, the reason and `resume=`; summary.json says failed; the checkpoint is kept; once the file is gone, resume
+    trains nothing more and exports both agents."""
+    from conftest import ForeignExport
+    from hacrl_lightning.training import ExportFailed
+
+    run = tmp_path / "run"
+    cfg = config(run, zoo_cache, "trainer.steps=1", "trainer.export_agents=true")
+    with pytest.raises(ExportFailed, match=r"the export of tiny_a failed \(FileExistsError: .*resume="):
+        train(cfg, extra_callbacks=[ForeignExport(run, "tiny_a")])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("ExportFailed: the export of tiny_a failed")
+    assert latest_checkpoint(run).name == "step_0000001.ckpt" and not (run / LOCK_NAME).exists()
+    (run / "exports" / "tiny_a" / "notes.txt").unlink()
+    summary = train(config(run, zoo_cache, "trainer.steps=1", "trainer.export_agents=true", f"resume={run}"))
+    assert summary["status"] == "completed" and summary["steps"] == 1
+    assert all(summary["agents"][name]["export"] for name in ("tiny_a", "tiny_b"))
+    assert (run / "exports" / "tiny_a" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["signal_in_export", "foreign_export"])
+def test_on_two_ranks_a_signal_or_a_failure_in_rank_zeros_export_ends_both_ranks_alike(tmp_path, zoo_cache, how):
+    """2 gloo ranks, per-agent FSDP2 (tests/fsdp_run.py): each export is a collective (the ranks gather it, rank zero
+    writes). A SIGTERM to rank zero as tiny_a's export starts, or a failure of its write there, ended only rank zero
+    at once, and rank one waited in the next gather. Now the export under way finishes, the ranks agree, and both
+    stop the same way: interrupted (the signal) or failed (the reason, naming rank zero); resume exports both."""
+    script, run = str(REPO / "tests" / "fsdp_run.py"), tmp_path / "run"
+    proc = subprocess.run([sys.executable, script, str(run), str(zoo_cache), "1", how], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    out = proc.stdout + proc.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    if how == "signal_in_export":
+        assert proc.returncode == 0 and out.count("RANK-DONE steps=1") == 2, out[-3000:]
+        assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM" and summary["steps"] == 1
+        assert "SIGTERM received: finishing this agent's export, then stopping" in out
+    else:
+        assert proc.returncode != 0 and "RANK-DONE" not in out, out[-3000:]
+        assert out.count("the export of tiny_a on rank 0 failed (FileExistsError") >= 2, out[-3000:]  # both ranks
+        assert summary["status"] == "failed" and summary["error"].startswith("ExportFailed: the export of tiny_a on "
+                                                                             "rank 0 failed")
+        (run / "exports" / "tiny_a" / "notes.txt").unlink()
+    resumed = subprocess.run([sys.executable, script, str(run), str(zoo_cache), "1", "resume"], capture_output=True,
+                             text=True, timeout=300, cwd=REPO)
+    assert resumed.returncode == 0 and resumed.stdout.count("RANK-DONE steps=1") == 2, resumed.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and all(summary["agents"][name]["export"] for name in ("tiny_a", "tiny_b"))

@@ -51,6 +51,9 @@ class _Requests:
 
     signum: Optional[int] = None
     training = False
+    """A first signal is only recorded (during the steps, and the end-of-fit exports: `signals_deferred`)."""
+    finishing = "finishing this step, then saving a checkpoint and stopping"
+    """What the run does before it stops, as the first signal's line says."""
     terminal_fds: tuple[int, ...] = ()
     """Of stdout and stderr, those that were a terminal when the run started (a hung-up one no longer says so)."""
 
@@ -67,8 +70,7 @@ def _handler(signum, frame) -> None:
         raise RunInterrupted(signum)
     _requests.signum = signum
     try:
-        os.write(2, f"\n{name} received: finishing this step, then saving a checkpoint and stopping "
-                    f"(send it again to stop at once)\n".encode())
+        os.write(2, f"\n{name} received: {_requests.finishing} (send it again to stop at once)\n".encode())
     except OSError:  # stderr is gone (a closed terminal): the summary says it all the same
         pass
 
@@ -103,6 +105,20 @@ def catch_signals() -> Iterator[_Requests]:
         _requests.training = False
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextmanager
+def signals_deferred(finishing: str) -> Iterator[_Requests]:
+    """A first signal only recorded (`_requests.signum`) for the duration, as during a step, its line saying
+    `finishing`: the caller stops at its next point of agreement between the ranks (the end-of-fit exports, which
+    are collectives under FSDP2: a rank that left one at once would leave the others waiting). A second signal
+    stops at once."""
+    before = (_requests.training, _requests.finishing)
+    _requests.training, _requests.finishing = True, finishing
+    try:
+        yield _requests
+    finally:
+        _requests.training, _requests.finishing = before
 
 
 def _is_main_thread() -> bool:
