@@ -21,7 +21,7 @@ class Worker:
 
     def __init__(self):
         self.calls, self.loaded, self.bucket_bytes, self.paths = [], {}, [], []
-        self.buffer = None
+        self.buffer, self.partial, self.pieces = None, {}, []
 
     def collective_rpc(self, method, args=()):
         self.calls.append(method)
@@ -29,12 +29,18 @@ class Worker:
             path, nbytes = args
             self.paths.append(Path(path))
             self.buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        elif method == "hacrl_begin_weights":
+            self.partial = {}
         elif method == "hacrl_load_bucket":
             (entries,) = args
-            end = max(offset + math.prod(shape) * getattr(torch, dtype).itemsize for _, dtype, shape, offset in entries)
+            end = max(offset + rows * math.prod(shape[1:]) * getattr(torch, dtype).itemsize if shape
+                      else offset + getattr(torch, dtype).itemsize for _, dtype, shape, offset, _, rows in entries)
             self.bucket_bytes.append(end)
-            assert all(offset % ALIGN == 0 for *_, offset in entries)
-            self.loaded.update(bucket_tensors(self.buffer, entries))
+            self.pieces += [(name, first, rows) for name, _, _, _, first, rows in entries]
+            assert all(offset % ALIGN == 0 for _, _, _, offset, _, _ in entries)
+            self.loaded.update(bucket_tensors(self.buffer, entries, self.partial))
+        elif method == "hacrl_end_weights":
+            assert not self.partial, f"incomplete: {sorted(self.partial)}"
         return [None]
 
 
@@ -50,12 +56,11 @@ def state(tied: bool) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tied", [True, False])
-def test_every_weight_arrives_cast_and_exact_in_bounded_buckets(tmp_path, dtype, tied):
-    """Buckets of 20 KB asked: the 75 KB embedding comes first and raises the buffer to its size (a tensor is
-    never split), the layers' tensors then fill that buffer, and the head goes in a bucket of its own. Every
-    tensor arrives, bitwise equal to the trainer's cast to the
-    engine's dtype (integers keep theirs), tied names both present; no bucket exceeds the larger of the bucket
-    and the largest tensor; the buffer's file is gone once mapped; begin and end enclose the buckets."""
+def test_every_weight_arrives_cast_and_exact_in_buckets_no_larger_than_asked(tmp_path, dtype, tied):
+    """Buckets of 20 KB asked: the embedding (75 KB in fp32) is cut into row ranges over several buckets, the
+    layers' tensors fill the room after it, and the head is cut again. Every tensor arrives put together, bitwise
+    equal to the trainer's cast to the engine's dtype (integers keep theirs), tied names both present; the buffer
+    stays at the bucket's size; the buffer's file is gone once mapped; begin and end enclose the buckets."""
     weights = state(tied)
     worker = Worker()
     sync = SharedMemorySync(worker, dtype=dtype, bucket_mb=20_000 / 2**20, near=tmp_path)
@@ -65,9 +70,11 @@ def test_every_weight_arrives_cast_and_exact_in_bounded_buckets(tmp_path, dtype,
     for name, tensor in weights.items():
         expected = tensor.to(dtype) if tensor.is_floating_point() else tensor
         assert worker.loaded[name].dtype == expected.dtype and torch.equal(worker.loaded[name], expected), name
-    largest = max(t.numel() * (dtype if t.is_floating_point() else t.dtype).itemsize for t in weights.values())
-    assert sync.buckets_sent == len(worker.bucket_bytes) == 3
-    assert max(worker.bucket_bytes) <= max(20_000, largest)
+    total = sum(t.numel() * (dtype if t.is_floating_point() else t.dtype).itemsize for t in weights.values())
+    assert sync.buffer_bytes == 20_000 and max(worker.bucket_bytes) <= 20_000
+    assert sync.buckets_sent == len(worker.bucket_bytes) >= -(-total // 20_000)
+    cut = [name for name, first, rows in worker.pieces if first or rows < weights[name].shape[0]]
+    assert "model.embed_tokens.weight" in cut and "lm_head.weight" in cut  # the large ones came in row ranges
     assert all(not path.exists() for path in worker.paths)
     # a second sync reuses the mapped buffer and sends the new values
     weights["model.layers.0.q.weight"].add_(1.0)
@@ -75,6 +82,19 @@ def test_every_weight_arrives_cast_and_exact_in_bounded_buckets(tmp_path, dtype,
     sync.push(iter(weights.items()))
     assert len(worker.paths) == mapped
     assert torch.equal(worker.loaded["model.layers.0.q.weight"], weights["model.layers.0.q.weight"].to(dtype))
+
+
+def test_a_row_larger_than_the_bucket_grows_the_buffer_to_that_row_only(tmp_path):
+    """A weight of 3 rows of 32 KB with 20 KB buckets: each row is a bucket of its own, the buffer grows to one row
+    (not to the 96 KB tensor), and the weight arrives whole; the small weight after it, with no room left beside the
+    last row, goes in a fourth."""
+    weights = {"wide.weight": torch.randn(3, 8000), "small.weight": torch.randn(4, 4)}
+    worker = Worker()
+    sync = SharedMemorySync(worker, dtype=torch.float32, bucket_mb=20_000 / 2**20, near=tmp_path)
+    sync.push(iter(weights.items()))
+    assert sync.buffer_bytes == 32_000 and worker.pieces[:3] == [("wide.weight", row, 1) for row in range(3)]
+    assert all(torch.equal(worker.loaded[name], tensor) for name, tensor in weights.items())
+    assert sync.buckets_sent == 4 and worker.bucket_bytes == [32_000] * 3 + [64]
 
 
 def test_a_failing_bucket_still_ends_the_reload(tmp_path):

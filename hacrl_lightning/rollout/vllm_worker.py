@@ -23,14 +23,26 @@ ENGINE_SPIN_S = 0.01
 """How long an engine's worker spins for its next message before it sleeps (vLLM's own: 1 s)."""
 
 
-def bucket_tensors(buffer: torch.Tensor, entries: list) -> Iterator[tuple[str, torch.Tensor]]:
+def bucket_tensors(buffer: torch.Tensor, entries: list, partial: dict) -> Iterator[tuple[str, torch.Tensor]]:
     """The (name, tensor) pairs of one bucket of the shared buffer (uint8), as `SharedMemorySync.push` describes
-    them: (name, dtype name, shape, byte offset). Copies: the reload may hold a partly loaded layer's tensors
-    past this bucket, and the buffer is refilled by the next."""
-    for name, dtype_name, shape, offset in entries:
+    them: (name, dtype name, shape, byte offset, first row, rows). A weight sent in row ranges is put together in
+    `partial` (name -> (tensor, rows received), kept by the caller across the buckets of one sync) and yielded once
+    its last rows arrive. Copies: the reload may hold a partly loaded layer's tensors past this bucket, and the
+    buffer is refilled by the next."""
+    for name, dtype_name, shape, offset, first, rows in entries:
         dtype = getattr(torch, dtype_name)
-        nbytes = math.prod(shape) * dtype.itemsize
-        yield name, buffer[offset:offset + nbytes].view(dtype).view(shape).clone()
+        whole = not shape or not math.prod(shape) or rows == shape[0]
+        piece_shape = shape if whole else [rows, *shape[1:]]
+        data = buffer[offset:offset + math.prod(piece_shape) * dtype.itemsize].view(dtype).view(piece_shape)
+        if whole:
+            yield name, data.clone()
+            continue
+        target, received = partial.pop(name, None) or (torch.empty(shape, dtype=dtype), 0)
+        target[first:first + rows].copy_(data)
+        if received + rows == shape[0]:
+            yield name, target
+        else:
+            partial[name] = (target, received + rows)
 
 
 class WorkerExtension:
@@ -56,19 +68,23 @@ class WorkerExtension:
 
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self.model_runner.get_model())
+        self.hacrl_partial = {}  # weights arriving in row ranges, until their last rows come
 
     def hacrl_load_bucket(self, entries: list) -> None:
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(self.vllm_config):
-            self.model_runner.get_model().load_weights(bucket_tensors(self.hacrl_buffer, entries))
+            self.model_runner.get_model().load_weights(bucket_tensors(self.hacrl_buffer, entries, self.hacrl_partial))
 
     def hacrl_end_weights(self) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         runner = self.model_runner
+        incomplete, self.hacrl_partial = sorted(getattr(self, "hacrl_partial", {})), {}
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(runner.get_model(), runner.model_config)
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as `reload_weights` does
             getattr(runner, reset, lambda: None)()
+        if incomplete:  # a sync cut short: the trainer's error is the one raised (`SharedMemorySync.push`)
+            raise RuntimeError(f"weights whose last rows never arrived: {incomplete}")
