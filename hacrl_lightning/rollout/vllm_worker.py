@@ -73,8 +73,11 @@ class WorkerExtension:
     def hacrl_load_bucket(self, entries: list) -> None:
         from vllm.config import set_current_vllm_config
 
+        tensors = list(bucket_tensors(self.hacrl_buffer, entries, self.hacrl_partial))
+        if not tensors:  # a bucket of one weight's first rows: nothing is whole yet
+            return
         with set_current_vllm_config(self.vllm_config):
-            self.model_runner.get_model().load_weights(bucket_tensors(self.hacrl_buffer, entries, self.hacrl_partial))
+            self.model_runner.get_model().load_weights(tensors)
 
     def hacrl_end_weights(self) -> None:
         from vllm.config import set_current_vllm_config
