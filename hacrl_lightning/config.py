@@ -404,8 +404,8 @@ class RolloutConfig:
     `file`: one safetensors file written to the engine's model
     directory and read back (the portable fallback). Engines in the trainer's process take the tensors."""
     weight_sync_mb: float = setting(256.0, harmless=True, unhashed=True)
-    """The shared-memory sync's bucket in MiB (raised to the largest tensor, which is never split): the sync's
-    extra memory in the trainer, and about one bucket per `collective_rpc` call."""
+    """The shared-memory sync's bucket in MiB (a larger weight goes in row ranges; only a single row larger than
+    the bucket raises it): the sync's buffer in the trainer, and about one bucket per `collective_rpc` call."""
 
 
 @dataclass
