@@ -300,16 +300,16 @@ def _export_agents(module: HACRLModule, run_dir: Path, trainer: pl.Trainer) -> t
                 exports[name] = str(agent.export(run_dir / "exports" / name))
             except Exception as err:  # noqa: BLE001 - every rank must hear of it before any raises
                 error = f"{type(err).__name__}: {err}"
-            outcomes = _on_every_rank((asked.signum, error))
-            failed = [(rank, text) for rank, (_, text) in enumerate(outcomes) if text]
+            outcomes = _on_every_rank((asked.signum, name, error))  # under split each rank names its own agent
+            failed = [(rank, agent_name, text) for rank, (_, agent_name, text) in enumerate(outcomes) if text]
             if failed:
-                rank, text = failed[0]
+                rank, agent_name, text = failed[0]
                 where = f" on rank {rank}" if len(outcomes) > 1 else ""
-                raise ExportFailed(f"the export of {name}{where} failed ({text}). The training is complete and "
+                raise ExportFailed(f"the export of {agent_name}{where} failed ({text}). The training is complete and "
                                    f"checkpointed. Fix: remove the cause, then run the same command with "
                                    f"resume={run_dir}: it exports again (from the newest full checkpoint, the last "
                                    "step's unless trainer.keep_at_end kept only its weights)")
-            signum = max(s or 0 for s, _ in outcomes)
+            signum = max(s or 0 for s, _, _ in outcomes)
             if signum:
                 return exports, signum
     return _every_export(module, exports), None
