@@ -166,6 +166,17 @@ def engine_shares(shares: dict[str, float | None], engines_per_agent: dict[str, 
     return {**{name: each for name in auto}, **fixed}, problems, line
 
 
+def on_every_rank(value: Any) -> list:
+    """`value` of every rank, in rank order (one `all_gather_object`, a collective; `[value]` in one process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    values: list = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def launch_rank(devices: Any) -> int:
     """This process's global rank as Lightning will set it, known before the Trainer exists (rank zero claims
     the run directory): Lightning's own reading of RANK / SLURM_PROCID / LOCAL_RANK, or, in Lightning's plain

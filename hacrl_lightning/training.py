@@ -45,7 +45,7 @@ from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule, UpdateSettings
 from hacrl_lightning.offload import Residency
-from hacrl_lightning.placement import Placement, launch_rank
+from hacrl_lightning.placement import Placement, launch_rank, on_every_rank
 from hacrl_lightning.resume import config_dict, resume_changes
 from hacrl_lightning.run_dir import claim_run_dir, linked_exports_problem, run_dir_of
 from hacrl_lightning.strategies import lightning_precision, make_strategy
@@ -300,7 +300,7 @@ def _export_agents(module: HACRLModule, run_dir: Path, trainer: pl.Trainer) -> t
                 exports[name] = str(agent.export(run_dir / "exports" / name))
             except Exception as err:  # noqa: BLE001 - every rank must hear of it before any raises
                 error = f"{type(err).__name__}: {err}"
-            outcomes = _on_every_rank((asked.signum, name, error))  # under split each rank names its own agent
+            outcomes = on_every_rank((asked.signum, name, error))  # under split each rank names its own agent
             failed = [(rank, agent_name, text) for rank, (_, agent_name, text) in enumerate(outcomes) if text]
             if failed:
                 rank, agent_name, text = failed[0]
@@ -313,17 +313,6 @@ def _export_agents(module: HACRLModule, run_dir: Path, trainer: pl.Trainer) -> t
             if signum:
                 return exports, signum
     return _every_export(module, exports), None
-
-
-def _on_every_rank(value: Any) -> list:
-    """`value` of every rank, in rank order (one all_gather_object; `[value]` in one process)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [value]
-    values: list = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values
 
 
 def _every_export(module: HACRLModule, exports: dict[str, str]) -> dict[str, str]:

@@ -42,6 +42,7 @@ from lightning.pytorch import Callback
 
 from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.files import fsync_tree, replace_durably
+from hacrl_lightning.placement import on_every_rank
 from hacrl_lightning.run_dir import run_dir_of
 from hacrl_lightning.safe_load import UnsafeCheckpoint, check_distributed_checkpoint, load_checkpoint_file
 
@@ -302,9 +303,10 @@ class StepCheckpoint(Callback):
             return
         path = checkpoint_path(self.directory, step)
         shortfall = None
+        first = self._first_estimate(trainer, pl_module)  # a collective: every rank, every save
         if trainer.is_global_zero:
             self.directory.mkdir(parents=True, exist_ok=True)
-            shortfall = self._make_room(trainer, pl_module)
+            shortfall = self._make_room(first)
         shortfall = trainer.strategy.broadcast(shortfall, src=0)  # rank zero's disk decides for all (a collective)
         if shortfall:
             raise CheckpointNotSaved(not_saved_message(path, shortfall))
@@ -315,15 +317,22 @@ class StepCheckpoint(Callback):
             for stale in old[: max(0, len(old) - self.keep)]:
                 _remove(stale)
 
-    def _make_room(self, trainer, pl_module) -> str | None:
+    @staticmethod
+    def _first_estimate(trainer, pl_module) -> int:
+        """What a first checkpoint holds: `state_bytes` of every rank's agents, each group's counted once (every rank
+        holds every agent at its global size under `shared`; under `split` a group holds only its own)."""
+        shares = dict(on_every_rank((tuple(getattr(pl_module, "local", ())), state_bytes(trainer, pl_module))))
+        return sum(shares.values())
+
+    def _make_room(self, first_estimate: int) -> str | None:
         """Rank zero, before a save: None when the checkpoint fits (`space_shortfall`; its size estimated from
-        the newest checkpoint, else from the state's bytes), after removing, where space is short, the old
+        the newest checkpoint, else `first_estimate`: the state's bytes), after removing, where space is short, the old
         checkpoints this save would prune anyway (never the newest) and any `.partial` left by a write that was
         killed or failed; else why it does not fit."""
         for stale in self.directory.glob("*.ckpt.partial"):
             _remove(stale)
         old = _checkpoints(self.directory)
-        estimate = _size(old[-1]) if old else state_bytes(trainer, pl_module)
+        estimate = _size(old[-1]) if old else first_estimate
         shortfall = space_shortfall(self.directory, estimate)
         prunable = old[: max(0, min(len(old) - 1, len(old) + 1 - self.keep))]
         if shortfall and prunable:
