@@ -20,7 +20,9 @@ allowed, how to fix it), so a typo costs seconds, not a model load. Here:
   refuse a text over `MAX_TEXT_CHARS`, naming its file and row, before that);
 - that each agent's prompt and response fit its model's positions (`context_problems`:
   `max_prompt_len + max_response_len` at most the `max_position_embeddings`, or `n_positions`, of
-  its config.json; a longer one would crawl or fail mid-run);
+  its config.json; a longer one would crawl or fail mid-run), and, under `split` with `rollout=hf`, that
+  a model with learned positions holds its prompt plus the longest response of any agent
+  (`lockstep_problems`: transformers generates in lockstep across the ranks);
 - that each agent's tokenizer is its model's (`_vocab_problems`): no id beyond the model's embedding
   (`vocab_size` of its config.json), and, where `tokenizer` overrides a model directory that holds a
   tokenizer of its own, the same ids as that one for the task's texts;
@@ -394,10 +396,12 @@ def preflight_problems(cfg: TrainConfig, *, free_lengths: Mapping[str, FreeLengt
     prompts, answers, every = ([], [], []) if no_data else _task_sample(cfg.data, task_problems)
     problems += [] if problems else task_problems  # a task that cannot load its missing file: said once
     problems += device_problems(cfg) + hub
+    learned: dict = {}
     for name, agent_cfg in cfg.agents.items():
         free = free_lengths.get(name, FreeLengths()) if cfg.data.few_shot else FreeLengths()
         problems += _agent_problems(name, agent_cfg, prompts, answers, zoo_cache=cfg.zoo_cache, free=free,
-                                    every_prompt=every, said=said if said is not None else [])
+                                    every_prompt=every, said=said if said is not None else [], learned=learned)
+    problems += lockstep_problems(cfg, learned)  # after the fitting: the lengths that run
     problems += memory_plan_problems(cfg)  # after the fitting: the plan counts the lengths that run
     if cfg.resume:
         from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
@@ -562,7 +566,7 @@ def fit_few_shot_lengths(key: str, config, tokenizer, cfg: AgentConfig, prompts:
 
 def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers: Sequence[str], *,
                     zoo_cache: Any, free: FreeLengths = FreeLengths(), every_prompt: Sequence[str] = (),
-                    said: Optional[List[str]] = None) -> List[Problem]:
+                    said: Optional[List[str]] = None, learned: Optional[dict] = None) -> List[Problem]:
     key = f"agents.{name}"
     problems: List[Problem] = []
     model = _resolve(name, f"{key}.model", cfg.model, zoo_cache, problems)
@@ -579,6 +583,8 @@ def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers
     if fitted and said is not None:
         said.append(fitted)
     problems = context_problems(key, config, cfg)
+    if learned is not None and config is not None and model_positions(config) and not _rotary(config):
+        learned[name] = model_positions(config)
     if tokenizer is None:
         return problems
     return problems + (_tokenizer_problems(key, tokenizer_key, source, tokenizer, cfg, prompts, answers) or
@@ -605,6 +611,39 @@ def model_positions(config) -> Optional[tuple[int, str]]:
         if scaled > positions:
             return scaled, "rope_scaling.factor x original_max_position_embeddings"
     return positions, name
+
+
+def _rotary(config) -> bool:
+    """The model encodes positions by rotation (RoPE: Llama, Qwen, Mistral, GPT-NeoX), not by a learned table that
+    a position past its length indexes out of range (GPT-2's `n_positions`)."""
+    config = getattr(config, "text_config", None) or config
+    return any(getattr(config, key, None) is not None
+               for key in ("rope_parameters", "rope_scaling", "rope_theta", "rotary_pct", "rotary_dim"))
+
+
+def lockstep_problems(cfg: TrainConfig, learned: Mapping[str, tuple[int, str]]) -> List[Problem]:
+    """Under `trainer.placement=split` with `rollout=hf` every rank generates in lockstep with every other (transformers'
+    `synced_gpus`: one all-reduce over the world per token, so a rank whose responses ended keeps running its model
+    until the longest response of any group ends). A model with learned positions (`learned`: name -> its positions)
+    must then hold its longest prompt plus the longest response of any agent; past them its table is indexed out of
+    range and the run fails mid-generation (measured: GPT-2's `n_positions`, an IndexError)."""
+    if cfg.trainer.placement != "split" or cfg.rollout.backend != "hf" or not learned:
+        return []
+    owner = max(cfg.agents, key=lambda name: cfg.agents[name].max_response_len)
+    longest = cfg.agents[owner].max_response_len
+    problems = []
+    for name, (positions, key) in learned.items():
+        prompt = cfg.agents[name].max_prompt_len
+        if name == owner or prompt + longest <= positions:
+            continue
+        problems.append(Problem(
+            f"agents.{owner}.max_response_len", longest,
+            f"at most {positions - prompt} with trainer.placement=split and rollout=hf: {name} has learned positions "
+            f"(`{key}` {positions} in its config.json) and keeps stepping its model, in lockstep with every rank, "
+            f"until {owner}'s responses end, so its {prompt} prompt positions + {longest} must fit its {positions}",
+            f"set agents.{owner}.max_response_len={positions - prompt}, or agents.{name}.max_prompt_len="
+            f"{positions - longest}, or use rollout=vllm (engines do not generate in lockstep)"))
+    return problems
 
 
 def context_problems(key: str, config, cfg: AgentConfig) -> List[Problem]:

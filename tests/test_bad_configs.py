@@ -343,3 +343,22 @@ def test_script_unknown_key_and_wrong_type_together(files, tmp_path):
     run = tmp_path / "run"
     result = run_train(overrides_for(["trainer.stepz=3", "rollout.group_size=two", f"run_dir={run}"], files), tmp_path)
     assert_user_error(result, run, "2 configuration problem(s)", "did you mean 'steps'", "rollout.group_size")
+
+
+SPLIT_HF = ["agents=[tiny_c,tiny_a]", "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
+            "trainer.placement=split", "agents.tiny_a.max_prompt_len=64"]
+
+
+@pytest.mark.slow
+def test_split_with_transformers_refuses_a_learned_position_table_the_partners_responses_overrun(files, model_loads):
+    """`split` + `rollout=hf`: transformers generates in lockstep over every rank (`synced_gpus`), so tiny_c (GPT-2,
+    a learned table of 256 positions) keeps stepping until tiny_a's 192-token responses end: 96 + 192 > 256, an
+    IndexError mid-generation (measured with two gloo ranks). Each agent's own lengths fit its positions, so only
+    the lockstep check speaks; tiny_a (rotary) is not limited by it, and vLLM (no lockstep) is not refused."""
+    overrides = overrides_for([*SPLIT_HF, "agents.tiny_a.max_response_len=192"], files)
+    error = problems_of(overrides)
+    (problem,) = [p for p in error.problems if p.key == "agents.tiny_a.max_response_len"]
+    assert "at most 160" in problem.allowed and "tiny_c has learned positions (`max_position_embeddings` 256" in problem.allowed
+    assert "agents.tiny_a.max_response_len=160" in problem.fix and "agents.tiny_c.max_prompt_len=64" in problem.fix
+    compose_config(overrides_for([*SPLIT_HF, "agents.tiny_a.max_response_len=160"], files), preflight=True)
+    assert model_loads == []
