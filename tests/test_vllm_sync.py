@@ -138,3 +138,18 @@ def test_a_full_shared_memory_folder_falls_back_beside_the_model(tmp_path, monke
     assert [path.parent for path in worker.paths] == [near]
     assert all(torch.equal(worker.loaded[name], tensor) for name, tensor in weights.items())
     assert not list(shm.iterdir()) and not list(near.iterdir())  # nothing left behind in either
+
+
+@pytest.mark.slow
+def test_under_fsdp2_weights_larger_than_the_bucket_are_gathered_in_row_ranges_and_arrive_exact(tmp_path):
+    """2 gloo ranks (tests/sync_gather.py, torch's launcher): weights above the bucket are gathered in row ranges
+    (uneven shards, a one-row weight whose second shard is empty), pushed through each rank's own buffer, and
+    decoded bitwise equal to the whole gather; the buffer stays at the bucket, or at the one row larger than it."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(repo / "tests" / "sync_gather.py"), str(tmp_path)], capture_output=True, text=True,
+                         timeout=300, cwd=repo)
+    assert run.returncode == 0 and run.stdout.count("SYNC-GATHER-DONE") == 2, run.stdout[-2000:] + run.stderr[-3000:]

@@ -165,6 +165,19 @@ def full_state_items(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor
     yield from served_items(model, items())
 
 
+def sync_items(model: torch.nn.Module, bucket_bytes: int):
+    """What the shared-memory sync sends (`vllm_sync.SharedMemorySync.push`): under FSDP2 a weight larger than the
+    bucket gathered in row ranges (`vllm_sync.row_items`), the others whole; a LoRA model's weights gathered whole
+    (its adapters are merged into them, `full_state_items`)."""
+    from hacrl_lightning.agents.lora import is_lora
+    from hacrl_lightning.rollout.vllm_sync import row_items
+
+    if is_lora(model):
+        return full_state_items(model)
+    return row_items(((_strip_wrapper_prefixes(name), tensor) for name, tensor in model.state_dict().items()),
+                     bucket_bytes)
+
+
 def write_weights(model_dir: str | os.PathLike, items: Iterable[tuple[str, torch.Tensor]]) -> Path:
     """Replace the weights of the HF directory `model_dir` by `items` (one `model.safetensors`, written
     to a temporary name and renamed, older weight files removed). A tensor that shares its storage with an
@@ -346,7 +359,7 @@ class VLLMEngine:
             # CPU platform needs (its repacked linear weights have no `weight_loader` for `load_weights`)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
         elif self.shared_memory is not None:  # buckets through shared memory (rollout/vllm_sync.py)
-            self.shared_memory.push(full_state_items(model))
+            self.shared_memory.push(sync_items(model, self.shared_memory.bucket_bytes))
         else:
             write_weights(self.model_dir, items)
             self.llm.collective_rpc("reload_weights")

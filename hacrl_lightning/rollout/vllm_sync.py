@@ -12,8 +12,9 @@ runs, and that vLLM's own weight-transfer engines run around their chunks), so a
 two buckets is processed (repacked for the CPU kernels) once it is complete. Workers copy a bucket's tensors out
 of the buffer before loading (the reload holds a partly loaded layer's tensors until the layer is complete, and
 the buffer is refilled with the next bucket). The trainer holds the buffer (kept mapped between syncs) beyond its
-weights, and under FSDP2 one gathered tensor (`vllm.full_state_items` gathers each weight whole), never a copy of
-the model; what vLLM's reload itself takes in the engine is
+weights, and under FSDP2 what one gather holds: a weight up to the bucket's size gathered whole, a larger one in row
+ranges of a quarter bucket (`row_items`, `gather_rows`; a LoRA model's weights whole, to merge the adapters), never a
+copy of the model; what vLLM's reload itself takes in the engine is
 vLLM's (`bench.py sync` measures both). A failed push leaves the engine stale (`VLLMEngine` then refuses to
 generate until a sync completes).
 
@@ -29,13 +30,73 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator, NamedTuple, Union
 
 import torch
 
 ALIGN = 64
 """Byte alignment of each tensor in the buffer (any dtype's element size divides it)."""
 SHM_DIR = Path("/dev/shm")
+
+
+class Rows(NamedTuple):
+    """Rows `first` .. `first + len(data)` of the weight `name` of shape `shape` (a weight gathered in row ranges)."""
+
+    name: str
+    shape: tuple
+    first: int
+    data: torch.Tensor
+
+
+Item = Union[tuple[str, torch.Tensor], Rows]
+"""What `SharedMemorySync.push` takes: a whole weight (name, tensor), or some of its rows."""
+
+
+def is_row_sharded(tensor) -> bool:
+    """A DTensor sharded along its first dimension over a 1-D mesh (how FSDP2's `fully_shard` holds a weight)."""
+    placements = getattr(tensor, "placements", None)
+    return (placements is not None and len(placements) == 1 and tensor.device_mesh.ndim == 1
+            and getattr(placements[0], "dim", None) == 0 and tensor.dim() > 0)
+
+
+def gather_rows(tensor, first: int, rows: int) -> torch.Tensor:
+    """Rows `first` .. `first + rows` of a row-sharded DTensor (`is_row_sharded`), whole, on every rank of its mesh
+    (a collective): each rank gives its shard's part of the range, padded to the widest part (FSDP2 cuts a weight as
+    `torch.chunk` does, so every rank knows every part's size without asking), and one all_gather brings them."""
+    import torch.distributed as dist
+
+    mesh, total = tensor.device_mesh, tensor.shape[0]
+    world, rank = mesh.size(), mesh.get_local_rank()
+    chunk = -(-total // world)
+    parts = [max(0, min(first + rows, (r + 1) * chunk, total) - max(first, r * chunk)) for r in range(world)]
+    local = tensor.to_local()
+    if local.shape[0] != max(0, min(total, (rank + 1) * chunk) - rank * chunk):
+        raise RuntimeError(f"a shard of {local.shape[0]} rows on rank {rank}: not torch.chunk's cut of {total} rows")
+    width = max(parts)
+    mine = local.new_zeros((width, *local.shape[1:]))
+    begin = max(first, rank * chunk) - rank * chunk
+    mine[:parts[rank]] = local[begin:begin + parts[rank]]
+    pieces = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(pieces, mine, group=mesh.get_group())
+    return torch.cat([piece[:size] for piece, size in zip(pieces, parts) if size])
+
+
+def row_items(items: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[Item]:
+    """`items` (name, tensor; DTensors not yet gathered) with every DTensor gathered: whole where it is at most
+    `bucket_bytes` (as before row ranges existed: one gather), else, where it is row-sharded, in row ranges of at most
+    a quarter bucket (`Rows`). Under FSDP2 a gather holds about two copies of what it gathers (its parts and its
+    output), so a sync's extra memory beyond the buffer is then at most about two buckets, not two copies of the
+    largest weight. A collective on every rank of the mesh, in the same order."""
+    for name, tensor in items:
+        if not hasattr(tensor, "full_tensor"):
+            yield name, tensor
+        elif is_row_sharded(tensor) and tensor.numel() * tensor.element_size() > bucket_bytes:
+            row_bytes = tensor.numel() // tensor.shape[0] * tensor.element_size()
+            step = max(1, bucket_bytes // 4 // max(row_bytes, 1))
+            for first in range(0, tensor.shape[0], step):
+                yield Rows(name, tuple(tensor.shape), first, gather_rows(tensor, first, min(step, tensor.shape[0] - first)))
+        else:
+            yield name, tensor.full_tensor()
 
 
 class SharedMemorySync:
@@ -77,16 +138,22 @@ class SharedMemorySync:
             finally:
                 Path(path).unlink(missing_ok=True)
 
-    def push(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def push(self, items: Iterable[Item]) -> None:
         """Send every (name, tensor) of `items` (full tensors, read lazily) to the engine, one bucket at a time:
         each tensor is copied into the buffer as it arrives (under FSDP2 it is gathered just before), whole where
         it fits the room left, else in row ranges that do. An entry is (name, dtype, shape, byte offset, first row,
-        rows); rows = shape[0] (or 1 for a scalar) is the whole tensor."""
+        rows); rows = shape[0] (or 1 for a scalar) is the whole tensor. A `Rows` item is placed the same way, from its
+        first row on."""
         self.llm.collective_rpc("hacrl_begin_weights")
         entries, used, sent = [], 0, 0
         failed = None
         try:
-            for name, tensor in items:
+            for item in items:
+                if isinstance(item, Rows):
+                    name, shape, offset, tensor = item.name, list(item.shape), item.first, item.data
+                else:
+                    (name, tensor), offset = item, 0
+                    shape = list(tensor.shape)
                 dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
                 rows = tensor.shape[0] if tensor.dim() and tensor.numel() else 1  # a scalar or an empty tensor: whole
                 row_bytes = tensor.numel() * dtype.itemsize // rows
@@ -105,7 +172,7 @@ class SharedMemorySync:
                     piece = tensor if take == rows else tensor[first:first + take]
                     view = self.buffer[start:start + nbytes].view(dtype).view(piece.shape)
                     view.copy_(piece.detach())  # the cast, straight into the buffer (from GPU: the copy to host)
-                    entries.append((name, str(dtype).removeprefix("torch."), list(tensor.shape), start, first, take))
+                    entries.append((name, str(dtype).removeprefix("torch."), shape, start, offset + first, take))
                     used, first = start + nbytes, first + take
             if entries:
                 self.llm.collective_rpc("hacrl_load_bucket", args=(entries,))
