@@ -243,16 +243,23 @@ def test_train_script_with_vllm_rollouts_matches_a_transformers_evaluation(tmp_p
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 3
-    assert_engines_answered_as_their_exports(run, summary, zoo_cache, updates_per_step=4)  # n·P/mini = 2·8/4
+    assert_engines_answered_as_their_exports(run, summary, zoo_cache, updates_per_step=4,  # n·P/mini = 2·8/4
+                                             adapter_engines=("tiny_a",) if lora else ())
 
 
 MISMATCH_FP32 = 1e-4
 """|log p_engine - log p_trainer| per sampled token, fp32 engine and trainer: vLLM's kernels and torch's agree to
 ~1e-6 (test_engine_answers_as_the_trainer_model holds them to 1e-5 on fresh weights); 1e-4 leaves room for
 another CPU and is 1e4 below what a shifted or stale log-prob reads (~1)."""
+MISMATCH_ADAPTER = 1e-2
+"""The same for an engine that applies a LoRA adapter itself (`lora.engine=adapter`): vLLM adds the low-rank product
+in its own LoRA kernels, in another order than peft's; on rare unlikely sampled tokens the log-probs then differed by
+up to 1.18e-3 (in one of two runs of this test on this machine, 2026-11-27; mean 4e-6). 1e-2 is still 100x below what a stale or
+shifted log-prob reads."""
 
 
-def assert_engines_answered_as_their_exports(run: Path, summary: dict, zoo_cache, *, updates_per_step: int) -> None:
+def assert_engines_answered_as_their_exports(run: Path, summary: dict, zoo_cache, *, updates_per_step: int,
+                                             adapter_engines: tuple[str, ...] = ()) -> None:
     """Each agent: the update count of the step plan; the held-out accuracy its synced engine measured at
     the end equals transformers' greedy accuracy of its export; the engine's sampled log-probs were the
     trainer's, every step (`rollout_logp_diff`, fp32: the runs set `trainer.mismatch_every=1`, so the steps
@@ -265,7 +272,7 @@ def assert_engines_answered_as_their_exports(run: Path, summary: dict, zoo_cache
         assert row["optimizer_updates"] == updates_per_step * summary["steps"], name
         mismatch = row["rollout_logp_diff"]
         assert mismatch is not None and mismatch["steps"] == summary["steps"], name
-        assert mismatch["max"] < MISMATCH_FP32, (name, mismatch)
+        assert mismatch["max"] < (MISMATCH_ADAPTER if name in adapter_engines else MISMATCH_FP32), (name, mismatch)
         exported = Agent.load(name, _export_config(run / "exports" / name), zoo_cache=zoo_cache)
         answers = trainer_greedy(exported, exported.encode_prompts([ex.prompt for ex in examples]))
         accuracy = sum(exact_match_reward(exported.decode_response(a), ex.gold)
