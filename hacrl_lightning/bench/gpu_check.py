@@ -9,6 +9,10 @@ A lent GPU comes rarely and for minutes (docs/GPU.md), so nothing is written the
 - `build`: two agents of real architectures (`AGENTS`: Qwen3-1.7B and Llama-3.2-1B from agents/arch/*.json,
   each with its real tokenizer and template, those of the zoo presets `tiny_qwen3` / `tiny_llama32`) with
   random weights, built on the device and exported as standalone Hugging Face directories.
+- `sync`: the weight sync of an engine in its own process for the built Qwen3-1.7B (fp32 trainer, bf16 engine),
+  per transport: CUDA IPC buckets, the same buckets staged in host shared memory, and the safetensors file;
+  s/sync, the peak memory it takes on each side, and whether the engine then holds the trainer's weights and
+  answers as it (`part_sync`; the engine is `standin_engine.StandInEngine`: the image has no vLLM).
 - `single`: `FULL.steps` HACPO steps of the two (the agent presets `qwen3_1.7b`, `llama3.2_1b_instruct` pointed
   at those directories), the transformers backend, `bf16-mixed`, one device; every response exactly
   `response_len` tokens (the benchmark's fixed-length sampling, `bench/step.py`), so the work is known.
@@ -28,7 +32,7 @@ CPU in seconds with shrunk dimensions (same architectures and tokenizers), which
 this code; its figures mean nothing. `--deps DIR` (what `scripts/gpu_wheels.sh` fills) installs the
 wheels in DIR/wheels with `--no-deps --target` before the project is imported, and reads the tokenizer
 files from DIR/zoo: the GPU image has no Hydra, omegaconf, math-verify or pebble, and no network.
-Deliberately not here: tests of the math (the test suite) and vLLM (`bench.py rollout`).
+Deliberately not here: tests of the math (the test suite) and vLLM itself (`bench.py rollout`, the lane).
 """
 
 from __future__ import annotations
@@ -81,8 +85,8 @@ the memory plan gives 63.7 GiB at micro-batch 8, the first run measured a 60.8 G
 TINY = Size(prompts=2, group=2, prompt_len=128, response_len=8, micro_batch=4, mini_batch_prompts=2,
             generation_batch=8, steps=3)
 
-PARTS = ("env", "build", "single", "offload", "fsdp")
-LIMITS_S = {"env": 90, "build": 120, "single": 260, "offload": 200, "fsdp": 200}
+PARTS = ("env", "build", "sync", "single", "offload", "fsdp")
+LIMITS_S = {"env": 90, "build": 120, "sync": 150, "single": 260, "offload": 200, "fsdp": 200}
 """Each part's own limit on a GPU (the check's `--budget-s` caps them all); `--tiny` gives each 600 s."""
 DATASHEET_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
 """Dense bf16 tensor-core peaks from the datasheets (SXM), by a name found in the device's name."""
@@ -210,6 +214,113 @@ def overrides(args, size: Size, *, fsdp: bool, offload: bool = False) -> list[st
     if args.zoo_cache:
         out.append(f"zoo_cache={args.zoo_cache}")
     return out
+
+
+SYNC_AGENT = "qwen3_1_7b"
+SYNC_REPEATS = 3
+SYNC_BUCKET_MB = 256.0
+
+
+def part_sync(args) -> dict:
+    """The weight sync of an engine in its own process, per transport, for `SYNC_AGENT` (Qwen3-1.7B, tied
+    embeddings) with fp32 master weights on the GPU and a bf16 engine: `cuda_ipc` (buckets in the trainer's GPU
+    memory, mapped by the engine through a CUDA IPC handle), `host` (the same buckets staged in host shared memory)
+    and `file` (one safetensors file written and read back). The engine is `standin_engine.StandInEngine` (the
+    real worker code with transformers in place of vLLM: the GPU image has no vLLM). Per transport: the trainer's
+    weights moved by seeded noise, one untimed sync, `SYNC_REPEATS` timed ones (median, min, max); then whether
+    the engine holds the trainer's weights cast to bf16 (every tensor's float64 sum equal, every name loaded) and
+    answers as the trainer's bf16 copy (greedy ids of 4 prompts equal); on CUDA the peak memory a sync took above
+    what each side held before it. Without CUDA (`--tiny` on the CPU) `cuda_ipc` is left out."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hacrl_lightning.bench.standin_engine import StandInEngine
+    from hacrl_lightning.rollout.vllm import sync_items, write_weights
+    from hacrl_lightning.rollout.vllm_sync import SharedMemorySync
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    path = Path(args.work) / "agents" / SYNC_AGENT
+    trainer = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    engine = StandInEngine(path, dtype="bfloat16", device=device)
+    bucket_mb = SYNC_BUCKET_MB if not args.tiny else 0.05  # --tiny: row ranges across several buckets
+    vocab = trainer.config.vocab_size
+    prompts = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(10, vocab - 10, (4, 16), generator=prompts).tolist()
+    scratch = Path(args.work) / "sync_file"
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = {"agent": SYNC_AGENT, "parameters": sum(p.numel() for p in trainer.parameters()),
+           "bucket_mb": bucket_mb, "device": device, "transports": {}}
+    try:
+        for index, transport in enumerate(["cuda_ipc", "host", "file"] if cuda else ["host", "file"]):
+            with torch.no_grad():  # new weights for each transport, so each check sees its own sync's values
+                noise = torch.Generator(device=device).manual_seed(index)
+                for parameter in trainer.parameters():
+                    parameter.add_(torch.randn(parameter.shape, generator=noise, device=device) * 0.02)
+            sync = None
+            if transport != "file":
+                sync = SharedMemorySync(engine, dtype=torch.bfloat16, bucket_mb=bucket_mb, near=scratch,
+                                        cuda_ipc=transport == "cuda_ipc")
+
+            def push():
+                if sync is not None:
+                    sync.push(sync_items(trainer, sync.bucket_bytes))
+                else:
+                    items = ((n, t.to(torch.bfloat16) if t.is_floating_point() else t)
+                             for n, t in trainer.state_dict().items())
+                    engine.collective_rpc("hacrl_load_file", args=(str(write_weights(scratch, items)),))
+
+            push()  # untimed: the buffer mapped, the first file written
+            seconds, trainer_extra, engine_extra = [], [], []
+            for _ in range(SYNC_REPEATS):
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    before = torch.cuda.memory_allocated()
+                start = time.perf_counter()
+                push()
+                if cuda:
+                    torch.cuda.synchronize()
+                seconds.append(time.perf_counter() - start)
+                report = engine.collective_rpc("hacrl_report")[0]
+                if cuda:
+                    trainer_extra.append((torch.cuda.max_memory_allocated() - before) / 2**20)
+                    engine_extra.append(report["extra_bytes"] / 2**20)
+            reference = copy.deepcopy(trainer).to(torch.bfloat16).eval()
+            expected = {name: t.double().sum().item() for name, t in reference.state_dict().items()}
+            mismatched = sorted(n for n, v in expected.items() if report["sums"].get(n) != v)
+            with torch.no_grad():
+                ids = torch.tensor(prompt_ids, device=device)
+                greedy = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                                            do_sample=False, pad_token_id=0)[:, ids.shape[1]:].tolist()
+            del reference
+            row = {"sync_s": round(statistics.median(seconds), 4), "sync_s_min": round(min(seconds), 4),
+                   "sync_s_max": round(max(seconds), 4),
+                   "weights_equal": not mismatched and set(report["loaded"]) >= set(expected),
+                   "mismatched": mismatched[:5], "not_loaded": sorted(set(expected) - set(report["loaded"]))[:5],
+                   "greedy_equal": engine.collective_rpc("hacrl_greedy", args=(prompt_ids, 16))[0] == greedy}
+            if sync is not None:
+                row.update(transport=sync.transport, buckets=sync.buckets_sent,
+                           buffer_mb=round(sync.buffer_bytes / 2**20, 2))
+            else:
+                row["file_mb"] = round((scratch / "model.safetensors").stat().st_size / 2**20, 1)
+            if cuda:
+                row.update(trainer_extra_mib=round(max(trainer_extra), 1), engine_extra_mib=round(max(engine_extra), 1))
+            out["transports"][transport] = row
+            if sync is not None:
+                sync.close()
+            _write_partial(args, out)
+    finally:
+        engine.close()
+    return out
+
+
+def _write_partial(args, out: dict) -> None:
+    """What a part has measured so far, where `run_part` reads it if the part is cut short."""
+    if args.result:
+        Path(str(args.result) + ".partial").write_text(json.dumps(out, indent=2, default=str) + "\n")
 
 
 def part_single(args) -> dict:
@@ -573,6 +684,16 @@ def markdown(report: dict) -> str:
                              f"loss rel {d['loss_rel']:.2e}, gradient rel {d['grad_rel']:.2e}, cosine "
                              f"{d['grad_cos']:.6f}; own-row ratio noise fp32 {d.get('ratio_noise_fp32')}, bf16 "
                              f"{d.get('ratio_noise_bf16')} (ratio clip {d['ratio_clip']})")
+    sync = report["parts"].get("sync", {})
+    if sync.get("transports"):
+        lines += ["", f"**sync** ({sync['agent']}, {sync['parameters'] / 1e9:.2f}B parameters, fp32 trainer -> bf16 "
+                      f"stand-in engine in its own process, {sync['bucket_mb']} MiB buckets):", "",
+                  "| transport | s/sync (min, max) | weights equal | greedy equal | trainer extra MiB | engine extra MiB |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for name, row in sync["transports"].items():
+            lines.append(f"| {name} | {row['sync_s']} ({row['sync_s_min']}, {row['sync_s_max']}) | "
+                         f"{row['weights_equal']} | {row['greedy_equal']} | {row.get('trainer_extra_mib', '-')} | "
+                         f"{row.get('engine_extra_mib', '-')} |")
     for name, part in report["parts"].items():
         if part.get("skipped"):
             lines += ["", f"**{name}** skipped: {part['skipped']}"]
@@ -660,8 +781,8 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-PART_FUNCTIONS = {"env": part_env, "build": part_build, "single": part_single, "fsdp": part_fsdp,
-                  "offload": part_offload}
+PART_FUNCTIONS = {"env": part_env, "build": part_build, "sync": part_sync, "single": part_single,
+                  "fsdp": part_fsdp, "offload": part_offload}
 
 
 if __name__ == "__main__":

@@ -19,8 +19,13 @@ vLLM's (`bench.py sync` measures both). A failed push leaves the engine stale (`
 generate until a sync completes).
 
 The buffer is a file in `/dev/shm` (memory, not disk) where that exists and has the room, else beside the
-engine's model directory; it is unlinked once every worker has mapped it, so nothing is left behind by a crash. On CUDA the
-bucket is staged in host memory too (GPU -> host -> GPU, no disk): CUDA IPC handles are not implemented here.
+engine's model directory; it is unlinked once every worker has mapped it, so nothing is left behind by a crash. Where
+the trainer's weights are on a GPU, the buffer is instead a block of that GPU's memory, which every worker maps
+through a CUDA IPC handle (sent once per buffer; the worker finds the trainer's GPU among its own by its UUID): the
+weights go GPU -> GPU, never through host memory. The trainer waits for its copies into the buffer before a bucket
+is sent, and a worker for its copies out of it before its call returns, so a bucket is never overwritten while
+read. A worker that cannot see the trainer's GPU (an engine on another device) refuses the handle, and the sync
+then stages its buckets in host shared memory, said once (`transport` tells which).
 Deliberately not here: the file path (`vllm.write_weights`, the portable fallback, `rollout.weight_sync=file`)
 and engines in the trainer's process (they take the tensors themselves).
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Union
 
@@ -99,25 +105,64 @@ def row_items(items: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> I
             yield name, tensor.full_tensor()
 
 
+def _last_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[-1] if lines else type(err).__name__
+
+
 class SharedMemorySync:
     """Trainer side of the shared-memory weight sync of one engine (`llm`: a `vllm.LLM` built with
     `worker_extension_cls=vllm_worker.WorkerExtension`). `bucket_mb`: the buffer's size in MiB (`rollout.weight_sync_mb`);
-    a larger weight is sent in row ranges, and the buffer grows only for a single row larger than the bucket."""
+    a larger weight is sent in row ranges, and the buffer grows only for a single row larger than the bucket. The
+    buffer is host shared memory, or the trainer's GPU memory where its weights are on one (`transport`)."""
 
-    def __init__(self, llm, *, dtype: torch.dtype, bucket_mb: float, near: Path):
+    def __init__(self, llm, *, dtype: torch.dtype, bucket_mb: float, near: Path, cuda_ipc: bool = True):
         self.llm, self.dtype = llm, dtype
+        self.cuda_ipc = cuda_ipc
+        """Weights on a GPU go through CUDA IPC (False: staged in host shared memory, as `bench` compares)."""
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.near = near
+        self.device: torch.device | None = None
         self.buffer: torch.Tensor | None = None
         self.buffer_bytes = 0
         self.buckets_sent = 0
         """Buckets of the last sync (for tests and `bench.py sync`)."""
+        self.transport: str | None = None
+        """`cuda_ipc` (the buffer in the trainer's GPU memory) or `host` (a shared file); set by the first push."""
+
+    def _choose_transport(self, device: torch.device) -> None:
+        """At the first push: `cuda_ipc` where the first weight is on a GPU and the workers map a block of it,
+        else `host`."""
+        self.transport = "host"
+        if device.type != "cuda" or not self.cuda_ipc:
+            return
+        try:
+            self._map_cuda(self.bucket_bytes, device)
+            self.transport = "cuda_ipc"
+        except Exception as err:  # e.g. the engine's workers do not see this GPU
+            warnings.warn(f"the vLLM weight sync stages its buckets in host shared memory: the engine's workers "
+                          f"could not map a CUDA IPC handle of {device} ({_last_line(err)})",
+                          stacklevel=3)
+
+    def _map_cuda(self, nbytes: int, device: torch.device) -> None:
+        """A block of `nbytes` of `device`'s memory, mapped by every worker through one CUDA IPC handle."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        self.llm.collective_rpc("hacrl_map_cuda_buffer", args=(reduce_tensor(buffer), uuid))
+        self.buffer, self.buffer_bytes = buffer, nbytes  # only once every worker has mapped it
 
     def _ensure_buffer(self, nbytes: int) -> None:
-        """Map (or grow) the shared buffer to at least `nbytes`: a file in `/dev/shm`, its space reserved (a
-        container's `/dev/shm` may be smaller than a bucket: writing past it would kill the process), else beside
-        the engine's model directory; every worker maps the same file, then it is unlinked."""
+        """Map (or grow) the shared buffer to at least `nbytes`. `cuda_ipc`: a new block of the same GPU.
+        `host`: a file in `/dev/shm`, its space reserved (a container's `/dev/shm` may be smaller than a bucket:
+        writing past it would kill the process), else beside the engine's model directory; every worker maps the
+        same file, then it is unlinked."""
         if self.buffer is not None and self.buffer_bytes >= nbytes:
+            return
+        if self.transport == "cuda_ipc":
+            self.buffer = None  # the old block goes once the workers map the new one
+            self._map_cuda(nbytes, self.device)
             return
         folders = [SHM_DIR] if SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK) else []
         for folder in [*folders, self.near]:
@@ -154,6 +199,9 @@ class SharedMemorySync:
                 else:
                     (name, tensor), offset = item, 0
                     shape = list(tensor.shape)
+                if self.transport is None:
+                    self.device = tensor.device
+                    self._choose_transport(tensor.device)
                 dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
                 rows = tensor.shape[0] if tensor.dim() and tensor.numel() else 1  # a scalar or an empty tensor: whole
                 row_bytes = tensor.numel() * dtype.itemsize // rows
@@ -163,7 +211,7 @@ class SharedMemorySync:
                     room = max(self.bucket_bytes, self.buffer_bytes) - start
                     take = rows - first if (rows - first) * row_bytes <= room else room // max(row_bytes, 1)
                     if take < 1 and entries:  # not a row more fits: send the bucket
-                        self.llm.collective_rpc("hacrl_load_bucket", args=(entries,))
+                        self._send(entries)
                         entries, used, sent = [], 0, sent + 1
                         continue
                     take = max(take, 1)  # a row larger than the bucket: the buffer grows to it
@@ -171,11 +219,11 @@ class SharedMemorySync:
                     self._ensure_buffer(max(start + nbytes, self.bucket_bytes))  # grows only between buckets
                     piece = tensor if take == rows else tensor[first:first + take]
                     view = self.buffer[start:start + nbytes].view(dtype).view(piece.shape)
-                    view.copy_(piece.detach())  # the cast, straight into the buffer (from GPU: the copy to host)
+                    view.copy_(piece.detach())  # the cast, straight into the buffer (GPU -> host for `host` on a GPU)
                     entries.append((name, str(dtype).removeprefix("torch."), shape, start, offset + first, take))
                     used, first = start + nbytes, first + take
             if entries:
-                self.llm.collective_rpc("hacrl_load_bucket", args=(entries,))
+                self._send(entries)
                 sent += 1
         except BaseException as err:
             failed = err
@@ -187,6 +235,13 @@ class SharedMemorySync:
                 if failed is None:
                     raise  # else the first error is the one to see
         self.buckets_sent = sent
+
+    def _send(self, entries: list) -> None:
+        """One bucket to every worker; on a GPU, once this process's copies into the buffer are done (the workers
+        read it on their own streams; each returns once its copies out of it are done)."""
+        if self.buffer.is_cuda:
+            torch.cuda.synchronize(self.buffer.device)
+        self.llm.collective_rpc("hacrl_load_bucket", args=(entries,))
 
     def close(self) -> None:
         self.buffer = None

@@ -1,6 +1,7 @@
 """What runs inside a vLLM engine's worker process (vLLM's `worker_extension_cls`, given by `VLLMEngine` to every
 engine in a process of its own): the engine side of the shared-memory weight sync (`vllm_sync.SharedMemorySync`)
-and a shorter idle spin.
+and a shorter idle spin. The buffer is a shared file, or the trainer's GPU memory mapped through a CUDA IPC
+handle (`hacrl_map_cuda_buffer`).
 
 The idle spin: vLLM's worker reads its requests from a shared-memory queue and, after each one, busy-waits
 (`sched_yield` in a loop) for a second before it sleeps on a socket (`SpinCondition.busy_loop_s = 1`, not a
@@ -37,12 +38,20 @@ def bucket_tensors(buffer: torch.Tensor, entries: list, partial: dict) -> Iterat
         if whole:
             yield name, data.clone()
             continue
-        target, received = partial.pop(name, None) or (torch.empty(shape, dtype=dtype), 0)
+        target, received = partial.pop(name, None) or (torch.empty(shape, dtype=dtype, device=buffer.device), 0)
         target[first:first + rows].copy_(data)
         if received + rows == shape[0]:
             yield name, target
         else:
             partial[name] = (target, received + rows)
+
+
+def cuda_index(uuid: str) -> int:
+    """This process's index of the GPU whose UUID is `uuid`; LookupError where it does not see that GPU."""
+    for index in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(index).uuid) == uuid:
+            return index
+    raise LookupError(f"no GPU with UUID {uuid} among this process's {torch.cuda.device_count()} devices")
 
 
 class WorkerExtension:
@@ -62,6 +71,15 @@ class WorkerExtension:
     def hacrl_map_buffer(self, path: str, nbytes: int) -> None:
         self.hacrl_buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
 
+    def hacrl_map_cuda_buffer(self, handle: tuple, uuid: str) -> None:
+        """Map the trainer's GPU buffer from its CUDA IPC handle (`torch.multiprocessing.reductions.reduce_tensor`
+        of it), opened on this process's index of the GPU whose UUID is `uuid` (device numbers differ between
+        processes that see different devices)."""
+        rebuild, args = handle
+        args = list(args)
+        args[6] = cuda_index(uuid)  # rebuild_cuda_tensor's storage_device
+        self.hacrl_buffer = rebuild(*args)
+
     def hacrl_begin_weights(self) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -73,11 +91,19 @@ class WorkerExtension:
     def hacrl_load_bucket(self, entries: list) -> None:
         from vllm.config import set_current_vllm_config
 
-        tensors = list(bucket_tensors(self.hacrl_buffer, entries, self.hacrl_partial))
+        tensors = self.hacrl_read_bucket(entries)
         if not tensors:  # a bucket of one weight's first rows: nothing is whole yet
             return
         with set_current_vllm_config(self.vllm_config):
             self.model_runner.get_model().load_weights(tensors)
+
+    def hacrl_read_bucket(self, entries: list) -> list[tuple[str, torch.Tensor]]:
+        """The bucket's whole weights, copied out of the buffer (`bucket_tensors`); on a GPU, once the copies are
+        done, so that the trainer may refill the buffer as soon as this call returns."""
+        tensors = list(bucket_tensors(self.hacrl_buffer, entries, self.hacrl_partial))
+        if self.hacrl_buffer.is_cuda:
+            torch.cuda.synchronize(self.hacrl_buffer.device)
+        return tensors
 
     def hacrl_end_weights(self) -> None:
         from vllm.config import set_current_vllm_config
