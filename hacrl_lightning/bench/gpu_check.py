@@ -231,8 +231,6 @@ def part_sync(args) -> dict:
     the engine holds the trainer's weights cast to bf16 (every tensor's float64 sum equal, every name loaded) and
     answers as the trainer's bf16 copy (greedy ids of 4 prompts equal); on CUDA the peak memory a sync took above
     what each side held before it. Without CUDA (`--tiny` on the CPU) `cuda_ipc` is left out."""
-    import copy
-
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -272,6 +270,7 @@ def part_sync(args) -> dict:
                              for n, t in trainer.state_dict().items())
                     engine.collective_rpc("hacrl_load_file", args=(str(write_weights(scratch, items)),))
 
+            trained = trainer.state_dict()
             push()  # untimed: the buffer mapped, the first file written
             seconds, trainer_extra, engine_extra = [], [], []
             for _ in range(SYNC_REPEATS):
@@ -288,7 +287,12 @@ def part_sync(args) -> dict:
                 if cuda:
                     trainer_extra.append((torch.cuda.max_memory_allocated() - before) / 2**20)
                     engine_extra.append(report["extra_bytes"] / 2**20)
-            reference = copy.deepcopy(trainer).to(torch.bfloat16).eval()
+            # the engine's twin: built as the engine was (bf16 from the folder: its rotary tables in fp32, which
+            # a cast of the fp32 trainer would round), then given the trainer's weights cast to bf16
+            reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+            with torch.no_grad():
+                for name, tensor in reference.state_dict().items():
+                    tensor.copy_(trained[name])
             expected = {name: t.double().sum().item() for name, t in reference.state_dict().items()}
             mismatched = sorted(n for n, v in expected.items() if report["sums"].get(n) != v)
             with torch.no_grad():
@@ -688,12 +692,14 @@ def markdown(report: dict) -> str:
     if sync.get("transports"):
         lines += ["", f"**sync** ({sync['agent']}, {sync['parameters'] / 1e9:.2f}B parameters, fp32 trainer -> bf16 "
                       f"stand-in engine in its own process, {sync['bucket_mb']} MiB buckets):", "",
-                  "| transport | s/sync (min, max) | weights equal | greedy equal | trainer extra MiB | engine extra MiB |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+                  "| transport | s/sync (min, max) | weights equal | greedy equal | buffer MiB | trainer extra MiB "
+                  "| engine extra MiB |", "| --- | --- | --- | --- | --- | --- | --- |"]
         for name, row in sync["transports"].items():
             lines.append(f"| {name} | {row['sync_s']} ({row['sync_s_min']}, {row['sync_s_max']}) | "
-                         f"{row['weights_equal']} | {row['greedy_equal']} | {row.get('trainer_extra_mib', '-')} | "
-                         f"{row.get('engine_extra_mib', '-')} |")
+                         f"{row['weights_equal']} | {row['greedy_equal']} | {row.get('buffer_mb', '-')} | "
+                         f"{row.get('trainer_extra_mib', '-')} | {row.get('engine_extra_mib', '-')} |")
+        lines.append("(trainer/engine extra: the peak GPU memory of a sync above what each side held before it; the "
+                     "buffer is held between syncs)")
     for name, part in report["parts"].items():
         if part.get("skipped"):
             lines += ["", f"**{name}** skipped: {part['skipped']}"]

@@ -61,10 +61,10 @@ class StandInWorker(WorkerExtension):
     def hacrl_report(self) -> dict:
         """What the last sync loaded, each tensor's float64 sum (to compare with the trainer's cast), and on CUDA
         the peak memory the sync took above what the engine held before it (bytes)."""
-        out = {"loaded": sorted(self.loaded),
-               "sums": {name: t.double().sum().item() for name, t in self.tensors.items()}}
-        if torch.cuda.is_available():
+        out = {"loaded": sorted(self.loaded)}
+        if torch.cuda.is_available():  # read before the sums below allocate
             out["extra_bytes"] = torch.cuda.max_memory_allocated() - self.before
+        out["sums"] = {name: t.double().sum().item() for name, t in self.tensors.items()}
         return out
 
     @torch.no_grad()
