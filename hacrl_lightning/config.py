@@ -400,7 +400,8 @@ class RolloutConfig:
     weight_sync: str = setting("shared_memory", harmless=True, unhashed=True, implied="file")
     """vLLM backend, engines in their own processes: how the weights reach an engine after each update.
     `shared_memory`: in buckets of `weight_sync_mb` through one buffer in `/dev/shm` (a file beside the engine's
-    model directory where `/dev/shm` is missing or full), never a whole copy of the model (rollout/vllm_sync.py);
+    model directory where `/dev/shm` is missing or full), or, where the trainer's weights are on a GPU, a block of
+    that GPU's memory mapped through a CUDA IPC handle; never a whole copy of the model (rollout/vllm_sync.py);
     `file`: one safetensors file written to the engine's model
     directory and read back (the portable fallback). Engines in the trainer's process take the tensors."""
     weight_sync_mb: float = setting(256.0, harmless=True, unhashed=True)

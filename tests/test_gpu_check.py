@@ -134,3 +134,17 @@ def test_the_real_check_on_a_gpu(tmp_path, zoo_cache):
     assert single["figures"]["update_tflops"] > 0 and single["peak_memory_gib"] > 0
     for d in single["drift"].values():  # bf16 on real sizes: a few percent, never the direction (docs/GPU.md)
         assert d["grad_cos"] > 0.99
+
+
+def test_the_sync_part_checks_each_transport_on_this_machine(tiny_check):
+    """`sync` with the stand-in engine in its own process: here (no CUDA) the host shared-memory buckets and the
+    file; with 0.05 MiB buckets the embedding and head cross in row ranges, and the engine then holds the
+    trainer's weights cast to bf16 and answers as its twin. (`cuda_ipc` runs on a lent GPU, docs/GPU.md.)"""
+    _, report, md = tiny_check
+    sync = report["parts"]["sync"]
+    assert set(sync["transports"]) == {"host", "file"}
+    for name, row in sync["transports"].items():
+        assert row["weights_equal"] and row["greedy_equal"], (name, row)
+        assert not row["mismatched"] and not row["not_loaded"]
+    assert sync["transports"]["host"]["transport"] == "host" and sync["transports"]["host"]["buckets"] > 2
+    assert "| host |" in md and "| file |" in md

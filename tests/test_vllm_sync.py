@@ -153,3 +153,26 @@ def test_under_fsdp2_weights_larger_than_the_bucket_are_gathered_in_row_ranges_a
                           str(repo / "tests" / "sync_gather.py"), str(tmp_path)], capture_output=True, text=True,
                          timeout=300, cwd=repo)
     assert run.returncode == 0 and run.stdout.count("SYNC-GATHER-DONE") == 2, run.stdout[-2000:] + run.stderr[-3000:]
+
+
+def test_a_gpu_the_engine_cannot_map_falls_back_to_host_shared_memory(tmp_path, monkeypatch, recwarn):
+    """Weights on a GPU go through a CUDA IPC handle of a GPU buffer; where the engine's workers refuse it (they do
+    not see that GPU: `vllm_worker.cuda_index` raises LookupError), the sync warns once and stages its buckets in
+    host shared memory, and the weights still arrive. (The CUDA path itself runs on a lent GPU: `gpu_check.py`'s
+    `sync` part, docs/GPU.md; this machine has no CUDA.)"""
+    worker = Worker()
+    sync = SharedMemorySync(worker, dtype=torch.float32, bucket_mb=1.0, near=tmp_path)
+
+    def refused(nbytes, device):
+        raise RuntimeError("Error in hacrl_map_cuda_buffer\nLookupError: no GPU with UUID GPU-1234 among this "
+                           "process's 1 devices")
+
+    monkeypatch.setattr(sync, "_map_cuda", refused)
+    sync._choose_transport(torch.device("cuda", 0))
+    assert sync.transport == "host"
+    (warning,) = [w for w in recwarn if "host shared memory" in str(w.message)]
+    assert "no GPU with UUID GPU-1234" in str(warning.message)
+    weights = state(tied=False)
+    sync.push(iter(weights.items()))
+    assert all(torch.equal(worker.loaded[name], tensor) for name, tensor in weights.items())
+    assert sync.buffer is not None and not sync.buffer.is_cuda

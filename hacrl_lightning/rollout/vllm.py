@@ -9,7 +9,8 @@ memory on CPU), samples with exactly the trainer's settings (no top-k, processed
 temperature, as the trainer recomputes them), and stops at the agent's own EOS.
 
 Placement and weight sync: an engine lives in a process of its own by default, and gets its weights in
-buckets through shared memory (`rollout.weight_sync=shared_memory`, rollout/vllm_sync.py), or, with
+buckets through shared memory (`rollout.weight_sync=shared_memory`, rollout/vllm_sync.py: `/dev/shm`, or the
+trainer's GPU memory through a CUDA IPC handle), or, with
 `rollout.weight_sync=file`, through the directory it was built from (`write_weights`, then every worker's
 `reload_weights`: that reload *is* the push, so nothing reloads after a push, TRL#5312). With `in_process`,
 its worker lives in the trainer's process and `reload_weights` gets the tensors themselves;
