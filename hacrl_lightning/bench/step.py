@@ -81,6 +81,9 @@ def add_arguments(parser) -> None:
                                                       "cProfile, written there as framework.prof and bare.prof")
     parser.add_argument("--lora", type=int, default=0, help="every agent a LoRA agent of this rank (0: full "
                         "fine-tuning); the bare loop trains the same peft models")
+    parser.add_argument("--null", action="store_true",
+                        help="the noise floor: --headline-repeats pairs of bare-loop processes, the second over the "
+                             "first (what the same program against itself spreads on this machine)")
     parser.add_argument("--backend", default="hf", choices=["hf", "vllm"],
                         help="rollout engine of both paths: transformers, or one vLLM engine per agent (CUDA or "
                              "vLLM's CPU build), synced after every step in both")
@@ -533,6 +536,24 @@ def _pool(before: dict | None, run: dict) -> dict:
     return {**run, "steps": before["steps"] + run["steps"], "peak_rss_mb": peaks, "stray_weight_copies": copies}
 
 
+def run_null(args, agents: list[str]) -> dict:
+    """`--null`: the headline configuration's bare loop in `--headline-repeats` pairs of fresh processes, each
+    pair's second over its first, as `ratios` takes framework over bare: the spread that the machine alone gives
+    two runs of one program, against which the framework's spread is read."""
+    (n, G), repeats, medians = configurations(args)[0], [], []
+    for _ in range(max(1, args.headline_repeats)):
+        pair = []
+        for _ in range(2):
+            with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+                pair.append(pool.submit(_job, "bare", agents[:n], G, args.prompts, args.steps, args.warmup,
+                                        args.backend, "", lora_overrides(agents[:n], args.lora)).result())
+            medians.append(_median(pair[-1]["steps"], "step_s"))
+        repeats.append(ratios(pair[1], pair[0]))
+    spread = {kind: {"median": statistics.median(r[kind] for r in repeats), "min": min(r[kind] for r in repeats),
+                     "max": max(r[kind] for r in repeats)} for kind in ("cpu", "wall")}
+    return {"null": True, "n": n, "G": G, "repeats": repeats, "spread": spread, "bare_step_s": medians}
+
+
 def run(args) -> dict:
     """Every (n, G) configuration, framework then bare, each in a fresh process."""
     import torch
@@ -541,6 +562,9 @@ def run(args) -> dict:
     pairs = configurations(args)
     if max(n for n, _ in pairs) > len(agents):
         raise SystemExit(f"--n asks for {max(n for n, _ in pairs)} agents but --agents names {len(agents)}")
+    if args.null:
+        return {"command": "python scripts/bench.py step " + " ".join(sys.argv[2:]), "backend": args.backend,
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **run_null(args, agents)}
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -583,6 +607,14 @@ def run(args) -> dict:
 
 
 def print_report(result: dict) -> None:
+    if result.get("null"):
+        spread = result["spread"]
+        print(f"null (bare loop against itself, n={result['n']}, G={result['G']}, {result['backend']}): "
+              f"{len(result['repeats'])} pairs, second over first: CPU {spread['cpu']['median']:.3f} "
+              f"({spread['cpu']['min']:.3f}, {spread['cpu']['max']:.3f}), wall {spread['wall']['median']:.3f} "
+              f"({spread['wall']['min']:.3f}, {spread['wall']['max']:.3f}); each process's median s/step: "
+              + ", ".join(f"{s:.3f}" for s in result["bare_step_s"]))
+        return
     print(f"machine: {result['machine']} | {result['date']} | load avg before "
           f"{result['load_avg_before'][0]:.2f}, after {result['load_avg_after'][0]:.2f} | {result['wall_s']:.0f} s")
     head = result["configs"][0]
