@@ -63,6 +63,26 @@ def test_bench_config_rows_are_positive_and_the_paths_do_the_same_work(bench):
     assert row["reference_copies"] == 0 and row["stray_weight_copies"] == []  # kl_coef = 0: no frozen copy
 
 
+def test_the_null_run_times_the_bare_loop_against_itself(tmp_path):
+    """`--null`: pairs of bare-loop processes, the second over the first. Both do the same work, step for step
+    (the same seeds, so the same texts and trained tokens): whatever differs between them is the machine's."""
+    out = tmp_path / "null.json"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench.py"), "step", "--agents", "tiny_a,tiny_b", "--n", "2",
+         "--groups", "2", "--prompts", "2", "--steps", "2", "--warmup", "1", "--headline-repeats", "1", "--null",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bare loop against itself" in result.stdout
+    null = json.loads(out.read_text())
+    assert null["null"] is True and len(null["repeats"]) == 1 and len(null["bare_step_s"]) == 2
+    assert all(s > 0 for s in null["bare_step_s"])
+    first, second = null["trained_tokens"]
+    assert first == second and len(first) == 3 and min(first) > 0
+    spread = null["spread"]["cpu"]
+    assert spread["min"] == spread["median"] == spread["max"] == null["repeats"][0]["cpu"] > 0
+
+
 def test_min_new_tokens_forces_full_length_responses(zoo_agents):
     from hacrl_lightning.rollout import SamplingSettings, make_engine
 

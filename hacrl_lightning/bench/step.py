@@ -540,7 +540,7 @@ def run_null(args, agents: list[str]) -> dict:
     """`--null`: the headline configuration's bare loop in `--headline-repeats` pairs of fresh processes, each
     pair's second over its first, as `ratios` takes framework over bare: the spread that the machine alone gives
     two runs of one program, against which the framework's spread is read."""
-    (n, G), repeats, medians = configurations(args)[0], [], []
+    (n, G), repeats, medians, work = configurations(args)[0], [], [], []
     for _ in range(max(1, args.headline_repeats)):
         pair = []
         for _ in range(2):
@@ -548,10 +548,12 @@ def run_null(args, agents: list[str]) -> dict:
                 pair.append(pool.submit(_job, "bare", agents[:n], G, args.prompts, args.steps, args.warmup,
                                         args.backend, "", lora_overrides(agents[:n], args.lora)).result())
             medians.append(_median(pair[-1]["steps"], "step_s"))
+            work.append([row["trained_tokens"] for row in pair[-1]["warmup_steps"] + pair[-1]["steps"]])
         repeats.append(ratios(pair[1], pair[0]))
     spread = {kind: {"median": statistics.median(r[kind] for r in repeats), "min": min(r[kind] for r in repeats),
                      "max": max(r[kind] for r in repeats)} for kind in ("cpu", "wall")}
-    return {"null": True, "n": n, "G": G, "repeats": repeats, "spread": spread, "bare_step_s": medians}
+    return {"null": True, "n": n, "G": G, "repeats": repeats, "spread": spread, "bare_step_s": medians,
+            "trained_tokens": work}
 
 
 def run(args) -> dict:
