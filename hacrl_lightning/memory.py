@@ -287,6 +287,10 @@ class AgentMemory:
     """Maximum-length sequences the KV cache holds (vLLM); sequences per generation chunk (HF)."""
     engine: int
     """What the engine holds all the time (vLLM: its whole share of the GPU; HF: nothing)."""
+    sync_buffer: int = 0
+    """The weight sync's bucket in the trainer's GPU memory, held all run whatever sleeps or is offloaded: an
+    engine in its own process synced through CUDA IPC (`rollout.weight_sync=shared_memory`, `weight_sync_mb`;
+    rollout/vllm_sync.py); 0 otherwise."""
 
     @property
     def state(self) -> int:
@@ -311,13 +315,13 @@ def group_phases(members: List[AgentMemory], *, backend: str, offload: bool, sle
 
     - resident: every member's training state (`AgentMemory.state`), or nothing with `offload` (each part is
       brought in for the phases that need it: weights, + reference for old log-probs, + gradients and AdamW
-      for the update, + weights for a transformers rollout or a vLLM sync);
+      for the update, + weights for a transformers rollout or a vLLM sync); and every CUDA IPC sync buffer;
     - engines: every vLLM engine's whole share all the time; with `sleep`, during agent k's rollout its share
       plus the weights of the engines still to generate (synced, their KV cache asleep), during agent k's sync
       the weights of the engines synced so far, and nothing while the trainer scores or updates;
     - the phase's own transient: FSDP2's gathered weights plus the KV cache of one generation chunk
       (transformers rollout), one forward pass (old log-probs), or one micro-batch's activations (update)."""
-    resident = 0 if offload else sum(a.state for a in members)
+    resident = (0 if offload else sum(a.state for a in members)) + sum(a.sync_buffer for a in members)
     awake = sum(a.engine for a in members)
     idle = 0 if sleep else awake
     phases: List[tuple[str, int]] = []
@@ -395,14 +399,15 @@ class MemoryPlan:
 
     @property
     def engines(self) -> int:
-        """The engines' memory on a GPU of the peak's group while they are all awake."""
-        return sum(a.engine for a in self._peak_members())
+        """The engines' memory on a GPU of the peak's group while they are all awake, with their sync buffers."""
+        return sum(a.engine + a.sync_buffer for a in self._peak_members())
 
     @property
     def transient(self) -> int:
         """The peak phase's figure above `state` and, unless the engines sleep, `engines`: with every agent on
         every GPU and nothing offloaded or asleep, state + engines + transient + reserve = total."""
-        return max(0, self.peak[2] - self.state - (0 if self.sleep else self.engines))
+        buffers = sum(a.sync_buffer for a in self._peak_members())
+        return max(0, self.peak[2] - self.state - (buffers if self.sleep else self.engines))
 
     @property
     def total(self) -> int:
@@ -519,11 +524,15 @@ def _engine(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int, row
         kv = chunk * (seq * arch.kv_bytes_per_token(c) + 4 * arch.vocab)
         return dict(engine_weights=0, engine_reserve=0, kv_cache=kv, kv_sequences=chunk, engine=0)
     weights = arch.parameters * DTYPE_BYTES[agent.dtype]
+    adapter = agent.lora.rank > 0 and agent.lora.engine == "adapter"  # synced as an adapter's files instead
+    own_process_buckets = not cfg.rollout.vllm_in_process and cfg.rollout.weight_sync == "shared_memory"
+    buffer = int(cfg.rollout.weight_sync_mb * 2**20) if own_process_buckets and not adapter else 0
     reserve = 2 * VLLM_BATCHED_TOKENS * (2 * arch.intermediate + 4 * arch.hidden) + 4 * VLLM_MAX_SEQS * arch.vocab
     share = int((DEFAULT_SHARE if agent.gpu_memory_utilization is None else agent.gpu_memory_utilization) * gpu_bytes)
     kv = max(0, share - weights - reserve)
     sequences = kv_tokens(arch, kv, DTYPE_BYTES[agent.dtype]) // seq
-    return dict(engine_weights=weights, engine_reserve=reserve, kv_cache=kv, kv_sequences=int(sequences), engine=share)
+    return dict(engine_weights=weights, engine_reserve=reserve, kv_cache=kv, kv_sequences=int(sequences), engine=share,
+                sync_buffer=buffer)
 
 
 def kv_tokens(arch: Architecture, kv_bytes: int, dtype_bytes: int) -> int:

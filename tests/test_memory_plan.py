@@ -298,6 +298,33 @@ def test_the_phase_arithmetic_by_hand():
     assert plan.to_json()["phases"][1]["phases"][0] == {"phase": "rollout b", "bytes": 6, "gib": 0.0}
 
 
+def test_a_cuda_ipc_sync_buffer_is_held_in_every_phase_whatever_sleeps():
+    """An engine in its own process synced through CUDA IPC keeps its bucket (`rollout.weight_sync_mb`) in the
+    trainer's GPU memory all run: it is in every phase, with and without offload and sleep, and in the plan's
+    engines figure, so that state + engines + transient + reserve stays the total."""
+    from hacrl_lightning.memory import MemoryPlan, group_phases
+
+    a = _agent("a", master_weights=10, gathered=3, activations=7, engine_weights=5, engine=12, sync_buffer=2)
+    b = _agent("b", master_weights=2, gathered=1, activations=9, engine_weights=1, engine=6, sync_buffer=2)
+    for offload, sleep in [(False, False), (True, True)]:
+        without = dict(group_phases([_agent(**{**vars(x), "sync_buffer": 0}) for x in (a, b)], backend="vllm",
+                                    offload=offload, sleep=sleep))
+        assert dict(group_phases([a, b], backend="vllm", offload=offload, sleep=sleep)) == \
+            {phase: size + 4 for phase, size in without.items()}
+    plan = MemoryPlan(agents=[a, b], gpu_bytes=100, world=1, devices=1, num_nodes=1, micro_batch_size=1,
+                      backend="vllm", precision="bf16-mixed", reserve=2)
+    assert plan.engines == 12 + 6 + 4 and plan.state + plan.engines + plan.transient + plan.reserve == plan.total
+
+
+@pytest.mark.parametrize("overrides, mib", [([], 256), (["rollout.weight_sync_mb=64"], 64),
+                                            (["rollout.weight_sync=file"], 0), (["rollout.vllm_in_process=true"], 0)])
+def test_the_plan_counts_the_sync_buffer_of_each_engine_in_its_own_process(overrides, mib):
+    cfg, _ = compose_config(["experiment=paper_model", "rollout=vllm", *overrides])
+    architectures, _ = run_architectures(cfg)
+    plan = plan_memory(cfg, architectures, 80 * GIB)
+    assert [a.sync_buffer for a in plan.agents] == [mib * 2**20] * 2
+
+
 FOUR_AT_SIZE = ["agents=[qwen3_8b_base,llama3_8b,qwen3_4b_base,qwen3_4b]", "trainer=fsdp", "trainer.devices=8",
                 "rollout=vllm", "algorithm.kl_coef=0.001", "data.prompts_per_step=128", "rollout.group_size=8",
                 "trainer.mini_batch_prompts=64", "trainer.micro_batch_size=8"]
