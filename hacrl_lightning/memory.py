@@ -291,6 +291,9 @@ class AgentMemory:
     """The weight sync's bucket in the trainer's GPU memory, held all run whatever sleeps or is offloaded: an
     engine in its own process synced through CUDA IPC (`rollout.weight_sync=shared_memory`, `weight_sync_mb`;
     rollout/vllm_sync.py); 0 otherwise."""
+    sync_copies: int = 0
+    """What the engine's worker holds on the GPU while that sync loads (given back after it): one bucket's copies,
+    and the embedding put together from row ranges where it is larger than the bucket."""
 
     @property
     def state(self) -> int:
@@ -318,7 +321,8 @@ def group_phases(members: List[AgentMemory], *, backend: str, offload: bool, sle
       for the update, + weights for a transformers rollout or a vLLM sync); and every CUDA IPC sync buffer;
     - engines: every vLLM engine's whole share all the time; with `sleep`, during agent k's rollout its share
       plus the weights of the engines still to generate (synced, their KV cache asleep), during agent k's sync
-      the weights of the engines synced so far, and nothing while the trainer scores or updates;
+      the weights of the engines synced so far (and what its worker copies while it loads, `sync_copies`), and
+      nothing while the trainer scores or updates;
     - the phase's own transient: FSDP2's gathered weights plus the KV cache of one generation chunk
       (transformers rollout), one forward pass (old log-probs), or one micro-batch's activations (update)."""
     resident = (0 if offload else sum(a.state for a in members)) + sum(a.sync_buffer for a in members)
@@ -341,7 +345,8 @@ def group_phases(members: List[AgentMemory], *, backend: str, offload: bool, sle
     if backend == "vllm":
         for k, a in enumerate(members):
             engines = sum(b.engine_weights for b in members[: k + 1]) if sleep else awake
-            phases.append((f"weight sync {a.name}", resident + engines + (a.master_weights if offload else 0)))
+            phases.append((f"weight sync {a.name}", resident + engines + (a.master_weights if offload else 0)
+                           + a.sync_copies))
     return phases
 
 
@@ -527,12 +532,14 @@ def _engine(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int, row
     adapter = agent.lora.rank > 0 and agent.lora.engine == "adapter"  # synced as an adapter's files instead
     own_process_buckets = not cfg.rollout.vllm_in_process and cfg.rollout.weight_sync == "shared_memory"
     buffer = int(cfg.rollout.weight_sync_mb * 2**20) if own_process_buckets and not adapter else 0
+    embedding = arch.vocab * arch.hidden * DTYPE_BYTES[agent.dtype]
+    copies = buffer + (embedding if embedding > buffer else 0) if buffer else 0
     reserve = 2 * VLLM_BATCHED_TOKENS * (2 * arch.intermediate + 4 * arch.hidden) + 4 * VLLM_MAX_SEQS * arch.vocab
     share = int((DEFAULT_SHARE if agent.gpu_memory_utilization is None else agent.gpu_memory_utilization) * gpu_bytes)
     kv = max(0, share - weights - reserve)
     sequences = kv_tokens(arch, kv, DTYPE_BYTES[agent.dtype]) // seq
     return dict(engine_weights=weights, engine_reserve=reserve, kv_cache=kv, kv_sequences=int(sequences), engine=share,
-                sync_buffer=buffer)
+                sync_buffer=buffer, sync_copies=copies)
 
 
 def kv_tokens(arch: Architecture, kv_bytes: int, dtype_bytes: int) -> int:

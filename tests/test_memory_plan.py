@@ -314,6 +314,12 @@ def test_a_cuda_ipc_sync_buffer_is_held_in_every_phase_whatever_sleeps():
     plan = MemoryPlan(agents=[a, b], gpu_bytes=100, world=1, devices=1, num_nodes=1, micro_batch_size=1,
                       backend="vllm", precision="bf16-mixed", reserve=2)
     assert plan.engines == 12 + 6 + 4 and plan.state + plan.engines + plan.transient + plan.reserve == plan.total
+    # while a's sync loads, its worker holds its copies too; b's sync phase does not
+    copying = _agent(**{**vars(a), "sync_copies": 3})
+    phases = dict(group_phases([copying, b], backend="vllm", offload=False, sleep=False))
+    assert phases["weight sync a"] == dict(group_phases([a, b], backend="vllm", offload=False,
+                                                        sleep=False))["weight sync a"] + 3
+    assert phases["weight sync b"] == phases["rollout a"]
 
 
 @pytest.mark.parametrize("overrides, mib", [([], 256), (["rollout.weight_sync_mb=64"], 64),
@@ -323,6 +329,9 @@ def test_the_plan_counts_the_sync_buffer_of_each_engine_in_its_own_process(overr
     architectures, _ = run_architectures(cfg)
     plan = plan_memory(cfg, architectures, 80 * GIB)
     assert [a.sync_buffer for a in plan.agents] == [mib * 2**20] * 2
+    for agent, arch in zip(plan.agents, (architectures[k] for k in cfg.agents)):
+        embedding = arch.vocab * arch.hidden * 2  # bf16 engines
+        assert agent.sync_copies == (mib * 2**20 + (embedding if embedding > mib * 2**20 else 0) if mib else 0)
 
 
 FOUR_AT_SIZE = ["agents=[qwen3_8b_base,llama3_8b,qwen3_4b_base,qwen3_4b]", "trainer=fsdp", "trainer.devices=8",

@@ -218,6 +218,17 @@ def test_a_bf16_engine_synced_through_shared_memory_answers_as_one_built_from_th
     synced.sync_weights(agent.model)
     assert synced.shared_memory.buckets_sent > 3
     after = greedy(agent, synced, prompt_ids)
+    # a CUDA IPC handle as the sync sends it (`vllm_sync.cuda_handle`: plain values) crosses vLLM's RPC to the
+    # worker, which refuses it itself here (no CUDA: the sync then stages in host memory); torch's own
+    # `reduce_tensor` tuple (a function, classes, a dtype) does not even cross: vLLM sends calls as msgpack
+    handle = dict(storage=b"\0" * 64, storage_bytes=1024, offset_bytes=0, counter=b"counter", counter_offset=0,
+                  event=b"\0" * 64, event_sync=True)
+    with pytest.raises(Exception, match="no GPU with UUID GPU-test"):
+        synced.llm.collective_rpc("hacrl_map_cuda_buffer", args=(handle, 1024, "GPU-test"))
+    with pytest.raises(Exception) as refused:
+        synced.llm.collective_rpc("hacrl_map_cuda_buffer", args=((torch.Tensor, torch.uint8), 1024, "GPU-test"))
+    assert "no GPU with UUID" not in str(refused.value)
+    assert greedy(agent, synced, prompt_ids) == after  # the engine still serves
     synced.close()
     fresh = engine_for(agent, tmp_path / "fresh", in_process=False, weight_sync="file")
     expected = greedy(agent, fresh, prompt_ids)

@@ -176,3 +176,23 @@ def test_a_gpu_the_engine_cannot_map_falls_back_to_host_shared_memory(tmp_path, 
     sync.push(iter(weights.items()))
     assert all(torch.equal(worker.loaded[name], tensor) for name, tensor in weights.items())
     assert sync.buffer is not None and not sync.buffer.is_cuda
+
+
+def test_the_cuda_handle_is_plain_values_that_vllm_can_send():
+    """vLLM sends a call's arguments to its engine process as msgpack: plain values only. torch's `reduce_tensor`
+    tuple for a CUDA tensor (its rebuild function, classes, a dtype) cannot cross, and `cuda_handle` keeps only
+    its plain fields (the worker supplies the rest). `standin_engine.plain` is the check the GPU check's stand-in
+    engine applies to every call, so that its pipe does not let through what vLLM would refuse."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    from hacrl_lightning.bench.standin_engine import plain
+    from hacrl_lightning.rollout.vllm_sync import cuda_handle
+
+    exported = (torch.Tensor, torch.Size([8]), (1,), 0, torch.UntypedStorage, torch.uint8, 0, b"handle", 8, 0,
+                False, b"counter", 16, b"event", True)  # reduce_tensor's arguments, in its order
+    handle = cuda_handle(exported)
+    assert handle == dict(storage=b"handle", storage_bytes=8, offset_bytes=0, counter=b"counter", counter_offset=16,
+                          event=b"event", event_sync=True)
+    plain((handle, 8, "GPU-uuid"), "hacrl_map_cuda_buffer")
+    with pytest.raises(TypeError, match="cannot cross vLLM's msgpack RPC"):
+        plain(((rebuild_cuda_tensor, exported), "GPU-uuid"), "hacrl_map_cuda_buffer")

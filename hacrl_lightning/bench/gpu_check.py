@@ -318,6 +318,15 @@ def part_sync(args) -> dict:
             _write_partial(args, out)
     finally:
         engine.close()
+    wrong = []
+    for name, row in out["transports"].items():
+        problems = [key for key in ("weights_equal", "greedy_equal") if not row[key]]
+        if name == "cuda_ipc" and row.get("transport") != "cuda_ipc":
+            problems.append(f"went through {row.get('transport')}")  # the workers refused the handle
+        if problems:
+            wrong.append(f"{name}: {', '.join(problems)}")
+    if wrong:  # the part fails; what it measured stays in the report (`run_part` reads the partial result)
+        raise AssertionError(f"the engine does not hold the trainer's weights after a sync: {wrong}")
     return out
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from hacrl_lightning.rollout.vllm_worker import WorkerExtension
+from hacrl_lightning.rollout.vllm_worker import WorkerExtension, release_copies
 
 
 class StandInWorker(WorkerExtension):
@@ -39,6 +39,7 @@ class StandInWorker(WorkerExtension):
 
     def hacrl_end_weights(self) -> None:
         incomplete, self.hacrl_partial = sorted(self.hacrl_partial), {}
+        release_copies(getattr(self, "hacrl_buffer", None))
         if incomplete:
             raise RuntimeError(f"weights whose last rows never arrived: {incomplete}")
 
@@ -97,6 +98,23 @@ def serve(conn, model_dir: str, dtype: str, device: str) -> None:
             conn.send(("error", traceback.format_exc()))
 
 
+PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+def plain(value, where: str) -> None:
+    """Refuse what vLLM could not send to its engine process: a call's arguments cross as msgpack there, which
+    takes plain values only (no functions, classes, dtypes or tensors); the pipe here would pickle anything."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            plain(item, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            plain(key, where)
+            plain(item, where)
+    elif not isinstance(value, PLAIN):
+        raise TypeError(f"{where}: an argument of type {type(value).__name__} cannot cross vLLM's msgpack RPC")
+
+
 class StandInEngine:
     """The parent's side: `collective_rpc` as `vllm.LLM` has it (one worker: a list of one result)."""
 
@@ -116,6 +134,7 @@ class StandInEngine:
         return result
 
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
+        plain(args, method)
         self.conn.send((method, tuple(args)))
         return [self._answer()]
 

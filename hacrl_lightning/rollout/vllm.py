@@ -154,14 +154,17 @@ def _strip_wrapper_prefixes(name: str) -> str:
     return name
 
 
+def _state(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of `model.state_dict()` under the base model's names (FSDP2 shards not gathered)."""
+    return ((_strip_wrapper_prefixes(name), tensor) for name, tensor in model.state_dict().items())
+
+
 def full_state_items(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
     """(name, full tensor) for every weight under the base model's names; DTensor shards are gathered (a collective
     on all ranks); a LoRA model's adapters merged into their weights (`agents/lora.served_items`)."""
     def items():
-        for name, tensor in model.state_dict().items():
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            yield _strip_wrapper_prefixes(name), tensor.detach()
+        for name, tensor in _state(model):
+            yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach()
 
     yield from served_items(model, items())
 
@@ -175,8 +178,7 @@ def sync_items(model: torch.nn.Module, bucket_bytes: int):
 
     if is_lora(model):
         return full_state_items(model)
-    return row_items(((_strip_wrapper_prefixes(name), tensor) for name, tensor in model.state_dict().items()),
-                     bucket_bytes)
+    return row_items(_state(model), bucket_bytes)
 
 
 def write_weights(model_dir: str | os.PathLike, items: Iterable[tuple[str, torch.Tensor]]) -> Path:

@@ -105,6 +105,13 @@ def row_items(items: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> I
             yield name, tensor.full_tensor()
 
 
+def cuda_handle(exported: tuple) -> dict:
+    """The plain values of `torch.multiprocessing.reductions.reduce_tensor`'s arguments for a CUDA uint8 tensor
+    (`vllm_worker.WorkerExtension.hacrl_map_cuda_buffer` rebuilds it from them)."""
+    return dict(storage=exported[7], storage_bytes=exported[8], offset_bytes=exported[9], counter=exported[11],
+                counter_offset=exported[12], event=exported[13], event_sync=exported[14])
+
+
 def _last_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines()
     return lines[-1] if lines else type(err).__name__
@@ -145,12 +152,23 @@ class SharedMemorySync:
                           stacklevel=3)
 
     def _map_cuda(self, nbytes: int, device: torch.device) -> None:
-        """A block of `nbytes` of `device`'s memory, mapped by every worker through one CUDA IPC handle."""
+        """A block of `nbytes` of `device`'s memory, mapped by every worker through one CUDA IPC handle. Only
+        plain values cross (`cuda_handle`): vLLM sends a call to its engine process as msgpack, which refuses the
+        function, classes and dtype of torch's own `reduce_tensor` tuple."""
         from torch.multiprocessing.reductions import reduce_tensor
 
         buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        _, exported = reduce_tensor(buffer)
         uuid = str(torch.cuda.get_device_properties(device).uuid)
-        self.llm.collective_rpc("hacrl_map_cuda_buffer", args=(reduce_tensor(buffer), uuid))
+        try:
+            self.llm.collective_rpc("hacrl_map_cuda_buffer", args=(cuda_handle(exported), nbytes, uuid))
+        except BaseException:
+            # no worker took the handle: torch keeps an exported block until a reader lets it go
+            try:
+                torch.UntypedStorage._release_ipc_counter(exported[11], exported[12], device=device.index)
+            except Exception:
+                pass
+            raise
         self.buffer, self.buffer_bytes = buffer, nbytes  # only once every worker has mapped it
 
     def _ensure_buffer(self, nbytes: int) -> None:
@@ -244,4 +262,13 @@ class SharedMemorySync:
         self.llm.collective_rpc("hacrl_load_bucket", args=(entries,))
 
     def close(self) -> None:
+        """Let go of the buffer; a GPU buffer is unmapped by the workers first (their mapping holds it), while the
+        engine still runs."""
+        if self.transport == "cuda_ipc" and self.buffer is not None:
+            try:
+                self.llm.collective_rpc("hacrl_unmap_buffer")
+            except Exception:
+                pass  # the engine is gone: its mapping went with it
+            self.buffer = None
+            torch.cuda.ipc_collect()
         self.buffer = None

@@ -46,6 +46,13 @@ def bucket_tensors(buffer: torch.Tensor, entries: list, partial: dict) -> Iterat
             partial[name] = (target, received + rows)
 
 
+def release_copies(buffer: torch.Tensor | None) -> None:
+    """After a sync through a GPU buffer: the GPU memory of the bucket copies, cached by torch's allocator outside
+    vLLM's memory share, given back (vLLM's sleep does not free it)."""
+    if buffer is not None and buffer.is_cuda:
+        torch.cuda.empty_cache()
+
+
 def cuda_index(uuid: str) -> int:
     """This process's index of the GPU whose UUID is `uuid`; LookupError where it does not see that GPU."""
     for index in range(torch.cuda.device_count()):
@@ -71,14 +78,27 @@ class WorkerExtension:
     def hacrl_map_buffer(self, path: str, nbytes: int) -> None:
         self.hacrl_buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
 
-    def hacrl_map_cuda_buffer(self, handle: tuple, uuid: str) -> None:
-        """Map the trainer's GPU buffer from its CUDA IPC handle (`torch.multiprocessing.reductions.reduce_tensor`
-        of it), opened on this process's index of the GPU whose UUID is `uuid` (device numbers differ between
-        processes that see different devices)."""
-        rebuild, args = handle
-        args = list(args)
-        args[6] = cuda_index(uuid)  # rebuild_cuda_tensor's storage_device
-        self.hacrl_buffer = rebuild(*args)
+    def hacrl_map_cuda_buffer(self, handle: dict, nbytes: int, uuid: str) -> None:
+        """Map the trainer's GPU buffer of `nbytes` from its CUDA IPC handle (`vllm_sync.cuda_handle`), if the GPU
+        whose UUID is `uuid` is this worker's own (device numbers differ between processes that see different
+        devices; a buffer on another GPU would put this worker's copies there): else LookupError, and the trainer
+        stages its buckets in host memory."""
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        index = cuda_index(uuid)
+        if index != torch.cuda.current_device():
+            raise LookupError(f"the trainer's GPU (cuda:{index} here) is not this worker's (cuda:"
+                              f"{torch.cuda.current_device()})")
+        self.hacrl_buffer = rebuild_cuda_tensor(
+            torch.Tensor, (nbytes,), (1,), 0, torch.UntypedStorage, torch.uint8, index, handle["storage"],
+            handle["storage_bytes"], handle["offset_bytes"], False, handle["counter"], handle["counter_offset"],
+            handle["event"], handle["event_sync"])
+
+    def hacrl_unmap_buffer(self) -> None:
+        """Let go of the buffer (a GPU buffer's block is the trainer's again once no worker maps it)."""
+        buffer, self.hacrl_buffer = getattr(self, "hacrl_buffer", None), None
+        if buffer is not None and buffer.is_cuda:
+            torch.cuda.synchronize(buffer.device)
 
     def hacrl_begin_weights(self) -> None:
         from vllm.config import set_current_vllm_config
@@ -115,5 +135,6 @@ class WorkerExtension:
             finalize_layerwise_reload(runner.get_model(), runner.model_config)
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as `reload_weights` does
             getattr(runner, reset, lambda: None)()
+        release_copies(self.hacrl_buffer)
         if incomplete:  # a sync cut short: the trainer's error is the one raised (`SharedMemorySync.push`)
             raise RuntimeError(f"weights whose last rows never arrived: {incomplete}")
