@@ -295,6 +295,8 @@ class StepCheckpoint(Callback):
         """After the last step (`trainer.keep_at_end`): `checkpoint` saves a full checkpoint, `weights` the weights
         alone (`weights_step_N.ckpt`), `exports` nothing (the exports will be what stays)."""
         self._saved_step: int | None = None
+        self._first: int | None = None
+        """`_first_estimate`, taken at this run's first save (every rank saves together, so all take it then)."""
         self._last_save = time.monotonic()
 
     def _save(self, trainer, pl_module) -> None:
@@ -303,7 +305,9 @@ class StepCheckpoint(Callback):
             return
         path = checkpoint_path(self.directory, step)
         shortfall = None
-        first = self._first_estimate(trainer, pl_module)  # a collective: every rank, every save
+        if self._first is None:  # a collective: every rank, at the first save (the state's size does not change)
+            self._first = self._first_estimate(trainer, pl_module)
+        first = self._first
         if trainer.is_global_zero:
             self.directory.mkdir(parents=True, exist_ok=True)
             shortfall = self._make_room(first)
