@@ -409,8 +409,9 @@ class MemoryPlan:
 
     @property
     def transient(self) -> int:
-        """The peak phase's figure above `state` and, unless the engines sleep, `engines`: with every agent on
-        every GPU and nothing offloaded or asleep, state + engines + transient + reserve = total."""
+        """The peak phase's figure above `state` and `engines` (with their sync buffers; engines that sleep: the
+        sync buffers alone): with every agent on every GPU and nothing offloaded or asleep, state + engines +
+        transient + reserve = total."""
         buffers = sum(a.sync_buffer for a in self._peak_members())
         return max(0, self.peak[2] - self.state - (buffers if self.sleep else self.engines))
 

@@ -188,8 +188,14 @@ def test_the_cuda_handle_is_plain_values_that_vllm_can_send():
     from hacrl_lightning.bench.standin_engine import plain
     from hacrl_lightning.rollout.vllm_sync import cuda_handle
 
+    import inspect
+
     exported = (torch.Tensor, torch.Size([8]), (1,), 0, torch.UntypedStorage, torch.uint8, 0, b"handle", 8, 0,
-                False, b"counter", 16, b"event", True)  # reduce_tensor's arguments, in its order
+                False, b"counter", 16, b"event", True)  # what reduce_tensor gives rebuild_cuda_tensor, in its order
+    names = list(inspect.signature(rebuild_cuda_tensor).parameters)  # the order cuda_handle's indices assume
+    assert [names[i] for i in (7, 8, 9, 11, 12, 13, 14)] == [
+        "storage_handle", "storage_size_bytes", "storage_offset_bytes", "ref_counter_handle", "ref_counter_offset",
+        "event_handle", "event_sync_required"]
     handle = cuda_handle(exported)
     assert handle == dict(storage=b"handle", storage_bytes=8, offset_bytes=0, counter=b"counter", counter_offset=16,
                           event=b"event", event_sync=True)

@@ -326,7 +326,7 @@ def part_sync(args) -> dict:
         if problems:
             wrong.append(f"{name}: {', '.join(problems)}")
     if wrong:  # the part fails; what it measured stays in the report (`run_part` reads the partial result)
-        raise AssertionError(f"the engine does not hold the trainer's weights after a sync: {wrong}")
+        raise AssertionError(f"the sync failed its checks: {wrong}")
     return out
 
 

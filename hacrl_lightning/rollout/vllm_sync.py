@@ -126,7 +126,7 @@ class SharedMemorySync:
     def __init__(self, llm, *, dtype: torch.dtype, bucket_mb: float, near: Path, cuda_ipc: bool = True):
         self.llm, self.dtype = llm, dtype
         self.cuda_ipc = cuda_ipc
-        """Weights on a GPU go through CUDA IPC (False: staged in host shared memory, as `bench` compares)."""
+        """Weights on a GPU go through CUDA IPC (False: staged in host shared memory, as the GPU check compares)."""
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.near = near
         self.device: torch.device | None = None
@@ -147,8 +147,8 @@ class SharedMemorySync:
             self._map_cuda(self.bucket_bytes, device)
             self.transport = "cuda_ipc"
         except Exception as err:  # e.g. the engine's workers do not see this GPU
-            warnings.warn(f"the vLLM weight sync stages its buckets in host shared memory: the engine's workers "
-                          f"could not map a CUDA IPC handle of {device} ({_last_line(err)})",
+            warnings.warn(f"the vLLM weight sync stages its buckets in host shared memory: no CUDA IPC buffer on "
+                          f"{device} that the engine's workers map ({_last_line(err)})",
                           stacklevel=3)
 
     def _map_cuda(self, nbytes: int, device: torch.device) -> None:

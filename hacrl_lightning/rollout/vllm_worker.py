@@ -135,6 +135,6 @@ class WorkerExtension:
             finalize_layerwise_reload(runner.get_model(), runner.model_config)
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as `reload_weights` does
             getattr(runner, reset, lambda: None)()
-        release_copies(self.hacrl_buffer)
+        release_copies(getattr(self, "hacrl_buffer", None))  # None: a sync that sent nothing
         if incomplete:  # a sync cut short: the trainer's error is the one raised (`SharedMemorySync.push`)
             raise RuntimeError(f"weights whose last rows never arrived: {incomplete}")
