@@ -319,7 +319,9 @@ def _fsdp_run(run: Path, zoo_cache, steps: int, extra: str, *overrides: str) -> 
 
     done = subprocess.run([sys.executable, str(REPO / "tests" / "fsdp_run.py"), str(run), str(zoo_cache), str(steps),
                            extra, *overrides], capture_output=True, text=True, timeout=400, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # stdout's end too: whether each rank printed RANK-DONE (an abort at exit, seen once as "terminate called
+    # without an active exception" after a resumed split run, or one during the run)
+    assert done.returncode == 0, done.stderr[-3000:] + "\n--- stdout:\n" + done.stdout[-1500:]
     return done.stdout
 
 
