@@ -286,3 +286,14 @@ class Placement:
         from torch.distributed.device_mesh import DeviceMesh
 
         return DeviceMesh.from_group(self.process_group(name), device_type, mesh_dim_names=("data_parallel",))
+
+
+def end_process_group() -> None:
+    """Destroy every process group of this process, if any, while the interpreter is still whole: left to its
+    teardown, gloo's worker threads may still hold Python objects and abort the process at exit (SIGABRT,
+    "terminate called without an active exception"; pytorch/pytorch#179291). Seen once, on a resumed 2-rank split
+    run. For the end of a process only (`scripts/train.py`): a caller that goes on with collectives keeps its group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

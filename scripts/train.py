@@ -32,6 +32,15 @@ from hacrl_lightning.errors import ConfigError, RunFailed  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    finally:
+        from hacrl_lightning.placement import end_process_group
+
+        end_process_group()
+
+
+def _main(argv: list[str]) -> int:
     started = time.time()
     if wants_help(argv):
         try:

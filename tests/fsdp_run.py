@@ -19,6 +19,7 @@ import torch
 from conftest import ForeignExport, StopAfter
 from hacrl_lightning.agents import Agent
 from hacrl_lightning.cli import compose_config
+from hacrl_lightning.placement import end_process_group
 from hacrl_lightning.training import train
 
 
@@ -54,5 +55,8 @@ if __name__ == "__main__":
     if extra == "signal_in_export":
         signal_in_export()
     cfg, _ = compose_config(overrides)
-    summary = train(cfg, extra_callbacks=callbacks)
+    try:
+        summary = train(cfg, extra_callbacks=callbacks)
+    finally:
+        end_process_group()  # as scripts/train.py ends
     print(f"RANK-DONE steps={summary['steps']} updates={[a['optimizer_updates'] for a in summary['agents'].values()]}")
