@@ -37,6 +37,7 @@ import hacrl_lightning.module as module_mod  # noqa: E402
 from hacrl_lightning.callbacks.capability import CapabilityCallback  # noqa: E402
 from hacrl_lightning.cli import compose_config  # noqa: E402
 from hacrl_lightning.datamodule import RolloutDataModule  # noqa: E402
+from hacrl_lightning.placement import end_process_group  # noqa: E402
 from hacrl_lightning.training import train  # noqa: E402
 
 SMALL = ["agents=[tiny_a,tiny_b]", "trainer.steps=1", "trainer.eval_every=0", "data.eval_size=2",
@@ -188,6 +189,18 @@ def main() -> None:
         transformers_engines()
     spy = spy_on_m()
     local = spy_on_local_accuracy()
+    try:
+        results = run_cases(mode, out, zoo_cache, cases, spy, local)
+    finally:
+        end_process_group()  # as scripts/train.py ends: gloo's threads are not left to the interpreter's teardown
+    torch.save(results, out / (f"{mode}.pt" if rank == 0 else f"{mode}_rank{rank}.pt"))
+    if rank == 0:
+        if mode == "record":
+            torch.save(store, out / "generations.pt")
+    print(f"EQUIVALENCE-DONE rank={rank} mode={mode}", flush=True)
+
+
+def run_cases(mode: str, out: Path, zoo_cache: str, cases: list[str], spy: dict, local: dict) -> dict:
     results = {}
     for case in cases or list(CASES):
         spy["calls"] = calls = {}
@@ -197,11 +210,7 @@ def main() -> None:
         cfg, _ = compose_config(overrides)
         train(cfg, extra_callbacks=[record])
         results[case] = {**record.result, "m": calls, "local_acc": dict(local["acc"])}
-    torch.save(results, out / (f"{mode}.pt" if rank == 0 else f"{mode}_rank{rank}.pt"))
-    if rank == 0:
-        if mode == "record":
-            torch.save(store, out / "generations.pt")
-    print(f"EQUIVALENCE-DONE rank={rank} mode={mode}", flush=True)
+    return results
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from hacrl_lightning.cli import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 
-PHASES = ("rollout", "reward", "exchange", "old_logprobs", "update", "weight_sync", "logging")
+PHASES = ("rollout", "reward", "exchange", "old_logprobs", "update", "diagnostics", "weight_sync", "logging")
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_the_null_run_times_the_bare_loop_against_itself(tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench.py"), "step", "--agents", "tiny_a,tiny_b", "--n", "2",
          "--groups", "2", "--prompts", "2", "--steps", "2", "--warmup", "1", "--headline-repeats", "1", "--null",
-         "--json", str(out)],
+         "--interleave", "processes", "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "bare loop against itself" in result.stdout
@@ -81,6 +81,52 @@ def test_the_null_run_times_the_bare_loop_against_itself(tmp_path):
     assert first == second and len(first) == 3 and min(first) > 0
     spread = null["spread"]["cpu"]
     assert spread["min"] == spread["median"] == spread["max"] == null["repeats"][0]["cpu"] > 0
+
+
+def _take_turns(gate, side: int, steps: int, log, crash: bool = False) -> None:
+    """A benchmark side's step loop without the steps: each step waits for its turn, logs, and hands over."""
+    import os
+
+    from hacrl_lightning.bench.step import install_turn, turn
+
+    install_turn(gate, side)
+    try:
+        for step in range(steps):
+            turn().wait(timeout=60)
+            log.put((side, step))
+            if crash and step == 1:  # dies holding the turn, without `finish`: the parent must free the other side
+                log.close()
+                log.join_thread()  # the logged step reaches the parent first
+                os._exit(3)
+            if step + 1 < steps:
+                turn().hand_over()
+    finally:
+        turn().finish()
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["both_end", "one_dies"])
+def test_lockstep_sides_take_their_steps_in_turn_and_an_ended_side_holds_none_up(crash):
+    """`--interleave steps`: two processes' steps strictly alternate, side 0 first; when one side has no steps left,
+    or its process died (the parent's `finish(side)`), the other runs the rest of its steps without waiting."""
+    from multiprocessing import get_context
+
+    from hacrl_lightning.bench.step import LockStep
+
+    ctx = get_context("spawn")
+    gate, log = LockStep(ctx), ctx.Queue()
+    sides = [ctx.Process(target=_take_turns, args=(gate, 0, 5 if crash else 2, log, crash)),
+             ctx.Process(target=_take_turns, args=(gate, 1, 4, log))]
+    for process in sides:
+        process.start()
+    sides[0].join(timeout=120)
+    if crash:
+        assert sides[0].exitcode == 3
+        gate.finish(0)  # what `run_pair` does when a side's future fails
+    sides[1].join(timeout=120)
+    assert [p.exitcode for p in sides] == [3 if crash else 0, 0]
+    # both ways side 0 takes two steps (it has two, or dies after its second), and side 1 then runs its last two
+    assert [log.get(timeout=10) for _ in range(6)] == [(0, 0), (1, 0), (0, 1), (1, 1), (1, 2), (1, 3)]
+    assert log.empty()
 
 
 def test_min_new_tokens_forces_full_length_responses(zoo_agents):

@@ -2,7 +2,8 @@
 
     python scripts/bench.py step [--agents tiny_a,tiny_b,tiny_c,tiny_d] [--n 2,3,4] [--groups 4,8,16]
                                  [--prompts 4] [--steps 3] [--warmup 1] [--headline-repeats 2]
-                                 [--backend hf|vllm] [--profile DIR] [--json bench.json]
+                                 [--backend hf|vllm] [--interleave steps|processes] [--null]
+                                 [--profile DIR] [--json bench.json]
 
 Both paths start from the same tiny zoo weights, see the same prompts (the framework's seeded,
 step-indexed prompt sampler), and sample with the same settings and seeds. Sampled response
@@ -14,7 +15,8 @@ trained-token counts may differ by a few tokens after the first step; both are r
 
 (a) framework: the run `train()` builds (`training.build_system`: the real `HACRLModule`,
 `RolloutDataModule`, callbacks, and Lightning `Trainer` with its TensorBoard logger), minus held-out
-evaluation and checkpoints, which are not part of a step; phases are marked through the module's and
+evaluation, checkpoints and the every-k-steps gradient-share diagnostics (`--diagnostics-every K` times them as
+a phase of their own), which are not part of a step; phases are marked through the module's and
 the DataModule's `phase_listeners`. Phase times
 are the module's own `time/*` metrics and `WeightSyncCallback.last_seconds`; `logging` is the rest
 of the step (metrics, `log_dict`, the TensorBoard write, the progress bar, the Lightning loop,
@@ -31,8 +33,12 @@ G = 4 (mini-batches of 4 prompts, 16 rows), two and four times as many in the fr
 `framework_over_bare` is the ratio of the median CPU seconds per step (all threads of the trainer's process
 and of the engines' processes: vLLM's own processes count), which a machine shared with other jobs leaves
 nearly intact; the wall-time ratio is reported beside it. The headline (first) configuration runs
-`--headline-repeats` framework/bare process pairs, interleaved, pools their steps, and reports each pair's
-ratios (median, min, max over the pairs: the spread). `outside_phases_share` is the share of the step spent
+`--headline-repeats` framework/bare process pairs, pools their steps, and reports each pair's ratios (median,
+min, max over the pairs: the spread). A pair's two processes run at once and take their steps in turn
+(`--interleave steps`, `LockStep`: framework step, bare step, framework step, ...; one waits, idle, while the
+other steps), so a slow spell of a shared machine falls on both paths alike; each then starts a step with the
+other's data in the caches, which raises both a little. `--interleave processes` runs one process after the
+other instead. `--null` times the bare loop against itself the same way: the machine's own spread. `outside_phases_share` is the share of the step spent
 outside every timed phase (the `logging` remainder), and `slowest_step_over_median` the slowest timed step
 over the median: no time goes unaccounted, and a spike shows.
 Each (path, n, G) runs in a fresh process, so peak resident memory (RSS, sampled every 5 ms and
@@ -63,8 +69,9 @@ from lightning.pytorch import Callback
 
 from hacrl_lightning.bench.report import MB, children_total, print_table
 
-PHASES = ("rollout", "reward", "exchange", "old_logprobs", "update", "weight_sync", "logging")
-"""The framework step's phases, in order; `logging` is the remainder (see the module docstring)."""
+PHASES = ("rollout", "reward", "exchange", "old_logprobs", "update", "diagnostics", "weight_sync", "logging")
+"""The framework step's phases, in order; `diagnostics` is the gradient-share pass of `--diagnostics-every` steps
+(none by default: the bare loop has none); `logging` is the remainder (see the module docstring)."""
 
 
 def add_arguments(parser) -> None:
@@ -81,9 +88,15 @@ def add_arguments(parser) -> None:
                                                       "cProfile, written there as framework.prof and bare.prof")
     parser.add_argument("--lora", type=int, default=0, help="every agent a LoRA agent of this rank (0: full "
                         "fine-tuning); the bare loop trains the same peft models")
+    parser.add_argument("--diagnostics-every", type=int, default=0,
+                        help="the framework's gradient-share pass every K steps (trainer.diagnostics_every; 0: never, "
+                             "as the bare loop, which has none), timed as the phase `diagnostics`")
     parser.add_argument("--null", action="store_true",
                         help="the noise floor: --headline-repeats pairs of bare-loop processes, the second over the "
                              "first (what the same program against itself spreads on this machine)")
+    parser.add_argument("--interleave", default="steps", choices=["steps", "processes"],
+                        help="a pair's two runs: both at once, taking their steps in turn (steps: a slow spell of the "
+                             "machine falls on both alike), or one process after the other (processes)")
     parser.add_argument("--backend", default="hf", choices=["hf", "vllm"],
                         help="rollout engine of both paths: transformers, or one vLLM engine per agent (CUDA or "
                              "vLLM's CPU build), synced after every step in both")
@@ -96,6 +109,11 @@ def _ints(text: str) -> list[int]:
 def lora_overrides(agent_names: list[str], rank: int) -> tuple[str, ...]:
     """`--lora R`: every agent trains a rank-R adapter (both paths load the same peft models, `Agent.load`)."""
     return tuple(f"agents.{name}.lora.rank={rank}" for name in agent_names) if rank else ()
+
+
+def run_overrides(agent_names: list[str], args) -> tuple[str, ...]:
+    """The command line's changes to both paths' config (after `compose`'s own): `--lora`, `--diagnostics-every`."""
+    return (*lora_overrides(agent_names, args.lora), f"trainer.diagnostics_every={args.diagnostics_every}")
 
 
 def configurations(args) -> list[tuple[int, int]]:
@@ -126,7 +144,7 @@ def compose(agent_names: list[str], group: int, prompts: int, steps: int, run_di
     cfg, _ = compose_config([f"agents=[{','.join(agent_names)}]", "algorithm=hacpo", f"rollout.group_size={group}",
                              f"data.prompts_per_step={prompts}", f"trainer.mini_batch_prompts={min(4, prompts)}",
                              f"trainer.steps={steps}", "trainer.eval_every=0", "trainer.export_agents=false",
-                             f"run_dir={run_dir}", *engine, *overrides])
+                             "trainer.diagnostics_every=0", f"run_dir={run_dir}", *engine, *overrides])
     return cfg
 
 
@@ -156,6 +174,75 @@ def gc_clock() -> GcClock:
     if not _GC:
         _GC.append(GcClock())
     return _GC[0]
+
+
+class LockStep:
+    """Two processes' steps taken in turn (`--interleave steps`): each waits for its turn before a step and hands
+    the turn over after it, so one path's steps alternate with the other's and a slow spell of the machine falls on
+    both alike. Built in the parent, handed to each child at its start (`install_turn`), one side each; the first
+    `wait` also waits until both sides are built (loading and engine start-up are not timed). A side that has ended
+    (`finish`: by itself, or by the parent when its process died) never holds the other up."""
+
+    def __init__(self, ctx):
+        self._cond = ctx.Condition()
+        self._turn, self._ready, self._done = ctx.RawValue("i", 0), ctx.RawValue("i", 0), ctx.RawArray("b", 2)
+        self.side: int | None = None
+        self._arrived = False
+
+    def _other_done(self) -> bool:
+        return bool(self._done[1 - self.side])
+
+    def wait(self, timeout: float = 3600.0) -> None:
+        """Until it is this side's turn (or the other side has ended)."""
+        with self._cond:
+            if not self._arrived:
+                self._arrived = True
+                self._ready.value += 1
+                self._cond.notify_all()
+                if not self._cond.wait_for(lambda: self._ready.value == 2 or self._other_done(), timeout):
+                    raise TimeoutError(f"the other benchmark process was not ready within {timeout:.0f} s")
+            if not self._cond.wait_for(lambda: self._turn.value == self.side or self._other_done(), timeout):
+                raise TimeoutError(f"the other benchmark process did not hand the turn over within {timeout:.0f} s")
+
+    def hand_over(self) -> None:
+        with self._cond:
+            self._turn.value = 1 - self.side
+            self._cond.notify_all()
+
+    def finish(self, side: int | None = None) -> None:
+        """`side` (this one by default) has ended: the other runs its remaining steps without waiting."""
+        side = self.side if side is None else side
+        with self._cond:
+            self._done[side] = 1
+            self._turn.value = 1 - side
+            self._cond.notify_all()
+
+
+class _Alone:
+    """No other process to take turns with (`--interleave processes`, and every run outside the benchmark)."""
+
+    def wait(self) -> None:
+        pass
+
+    def hand_over(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+_TURN: list = [_Alone()]
+
+
+def turn():
+    """This process's `LockStep` side, or `_Alone`."""
+    return _TURN[0]
+
+
+def install_turn(gate: LockStep, side: int) -> None:
+    """A child process's start (`ProcessPoolExecutor`'s initializer): take `side` of `gate`."""
+    gate.side = side
+    _TURN[0] = gate
 
 
 class PhaseMemory:
@@ -339,13 +426,18 @@ class StepRecorder(Callback):
         metrics = self.module.last_metrics
         for phase in ("rollout", "reward", "exchange", "old_logprobs", "update"):
             row[phase] = float(metrics[f"time/{phase}"])
+        row["diagnostics"] = float(metrics.get("time/diagnostics", 0.0))  # on a `--diagnostics-every` step
         row["weight_sync"] = self.sync.last_seconds
         row["logging"] = row["step_s"] - sum(row[p] for p in PHASES[:-1])
         self.steps.append(row)
 
     def begin(self) -> None:
-        """A step begins (the DataModule starts its rollouts; it marks the phase): the one before ends here."""
-        self._close()
+        """A step begins (the DataModule starts its rollouts; it marks the phase): the one before ends here, and the
+        turn passes to the other process first when steps are interleaved (`LockStep`)."""
+        if self._start is not None:
+            self._close()
+            turn().hand_over()
+        turn().wait()
         self.memory.scan = self._scan if len(self.steps) < self.warmup else None
         self.current = defaultdict(float)
         self._start, self._cpu_start, self._engine_cpu_start = time.perf_counter(), time.process_time(), engine_cpu_s()
@@ -419,6 +511,7 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
     out = []
     for step in range(warmup + steps):
         examples = [train_set[i] for i in sampler.indices(step)]
+        turn().wait()
         marks.clear()
         clock = gc_clock()
         t0, cpu0, engine0, gc0 = time.perf_counter(), time.process_time(), engine_cpu_s(), (clock.seconds, clock.full)
@@ -433,6 +526,8 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
                    rollout_tokens=sum(len(r.token_ids) for r in done.rollouts),
                    trained_tokens=sum(int(view.loss_mask.sum()) for view in done.views.values()))
         out.append(row)
+        if step + 1 < warmup + steps:  # the last step's turn passes when this run ends (`_job`), engines closed
+            turn().hand_over()
     for engine in engines.values():
         engine.close()
     peaks = memory.close()
@@ -468,8 +563,7 @@ def summarise(framework: dict, bare: dict, n: int, G: int, prompts: int, repeats
     phases = {p: _median(f_rows, p) for p in PHASES}
     total = sum(phases.values())
     repeats = repeats or [ratios(framework, bare)]
-    spread = {kind: {"median": statistics.median(r[kind] for r in repeats), "min": min(r[kind] for r in repeats),
-                     "max": max(r[kind] for r in repeats)} for kind in ("cpu", "wall")}
+    spread = _spread(repeats)
     return {
         "n": n, "G": G, "prompts": prompts, "steps_timed": len(f_rows),
         "framework_step_s": f_step, "bare_step_s": b_step, "framework_cpu_s": f_cpu, "bare_cpu_s": b_cpu,
@@ -511,20 +605,57 @@ def summarise(framework: dict, bare: dict, n: int, G: int, prompts: int, repeats
 def _job(path: str, names: list[str], group: int, prompts: int, steps: int, warmup: int, backend: str,
          profile: str = "", overrides: tuple[str, ...] = ()) -> dict:
     """One path's run in this (fresh) process; with `profile`, under cProfile, its statistics written there
-    (the whole run: building, warm-up and timed steps; `pstats` sorts them)."""
+    (the whole run: building, warm-up and timed steps; `pstats` sorts them). Its turn passes for good at the end."""
     import warnings
 
     warnings.filterwarnings("ignore")
     run = run_framework if path == "framework" else run_bare
-    if not profile:
-        return run(names, group, prompts, steps, warmup, backend, overrides)
-    import cProfile
-
-    profiler = cProfile.Profile()
     try:
-        return profiler.runcall(run, names, group, prompts, steps, warmup, backend, overrides)
+        if not profile:
+            return run(names, group, prompts, steps, warmup, backend, overrides)
+        import cProfile
+
+        profiler = cProfile.Profile()
+        try:
+            return profiler.runcall(run, names, group, prompts, steps, warmup, backend, overrides)
+        finally:
+            profiler.dump_stats(profile)
     finally:
-        profiler.dump_stats(profile)
+        turn().finish()
+
+
+def run_pair(paths: tuple[str, str], args, n: int, G: int, interleave: str, profiles: tuple[str, str] = ("", "")
+             ) -> list[dict]:
+    """Two runs (`_job`), each in a fresh process: one after the other (`interleave="processes"`), or both at once
+    taking their steps in turn (`"steps"`, `LockStep`), `paths[0]`'s first. Returns their results in `paths`' order."""
+    agents = [a for a in args.agents.split(",") if a][:n]
+    job = (G, args.prompts, args.steps, args.warmup, args.backend)
+    overrides = run_overrides(agents, args)
+    ctx = get_context("spawn")
+    if interleave == "processes":
+        out = []
+        for path, profile in zip(paths, profiles):
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                out.append(pool.submit(_job, path, agents, *job, profile, overrides).result())
+        return out
+    gate = LockStep(ctx)
+    pools = [ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=install_turn, initargs=(gate, side))
+             for side in (0, 1)]
+    try:
+        futures = [pool.submit(_job, path, agents, *job, profile, overrides)
+                   for pool, path, profile in zip(pools, paths, profiles)]
+        for side, future in enumerate(futures):
+            future.add_done_callback(lambda f, side=side: f.exception() is not None and gate.finish(side))
+        return [future.result() for future in futures]
+    finally:
+        for pool in pools:
+            pool.shutdown()
+
+
+def _spread(repeats: list[dict]) -> dict:
+    """Median, min and max over the pairs of each ratio (`ratios`)."""
+    return {kind: {"median": statistics.median(r[kind] for r in repeats), "min": min(r[kind] for r in repeats),
+                   "max": max(r[kind] for r in repeats)} for kind in ("cpu", "wall")}
 
 
 def _pool(before: dict | None, run: dict) -> dict:
@@ -536,24 +667,20 @@ def _pool(before: dict | None, run: dict) -> dict:
     return {**run, "steps": before["steps"] + run["steps"], "peak_rss_mb": peaks, "stray_weight_copies": copies}
 
 
-def run_null(args, agents: list[str]) -> dict:
-    """`--null`: the headline configuration's bare loop in `--headline-repeats` pairs of fresh processes, each
-    pair's second over its first, as `ratios` takes framework over bare: the spread that the machine alone gives
-    two runs of one program, against which the framework's spread is read."""
-    (n, G), repeats, medians, work = configurations(args)[0], [], [], []
+def run_null(args) -> dict:
+    """`--null`: the headline configuration's bare loop in `--headline-repeats` pairs of fresh processes (`run_pair`,
+    `--interleave` as for the framework), each pair's second over its first, as `ratios` takes framework over bare:
+    the spread that the machine alone gives two runs of one program, against which the framework's spread is read."""
+    (n, G), repeats, runs = configurations(args)[0], [], []
     for _ in range(max(1, args.headline_repeats)):
-        pair = []
-        for _ in range(2):
-            with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-                pair.append(pool.submit(_job, "bare", agents[:n], G, args.prompts, args.steps, args.warmup,
-                                        args.backend, "", lora_overrides(agents[:n], args.lora)).result())
-            medians.append(_median(pair[-1]["steps"], "step_s"))
-            work.append([row["trained_tokens"] for row in pair[-1]["warmup_steps"] + pair[-1]["steps"]])
+        pair = run_pair(("bare", "bare"), args, n, G, args.interleave)
+        runs += pair
         repeats.append(ratios(pair[1], pair[0]))
-    spread = {kind: {"median": statistics.median(r[kind] for r in repeats), "min": min(r[kind] for r in repeats),
-                     "max": max(r[kind] for r in repeats)} for kind in ("cpu", "wall")}
-    return {"null": True, "n": n, "G": G, "repeats": repeats, "spread": spread, "bare_step_s": medians,
-            "trained_tokens": work}
+    return {"null": True, "n": n, "G": G, "interleave": args.interleave, "repeats": repeats,
+            "spread": _spread(repeats), "bare_step_s": [_median(run["steps"], "step_s") for run in runs],
+            "trained_tokens": [[row["trained_tokens"] for row in run["warmup_steps"] + run["steps"]] for run in runs],
+            # each process's timed steps, phase by phase: whether a slow process is slow in one phase or in all
+            "bare_steps": [run["steps"] for run in runs]}
 
 
 def run(args) -> dict:
@@ -566,7 +693,7 @@ def run(args) -> dict:
         raise SystemExit(f"--n asks for {max(n for n, _ in pairs)} agents but --agents names {len(agents)}")
     if args.null:
         return {"command": "python scripts/bench.py step " + " ".join(sys.argv[2:]), "backend": args.backend,
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **run_null(args, agents)}
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **run_null(args)}
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -575,14 +702,12 @@ def run(args) -> dict:
     for index, (n, G) in enumerate(pairs):
         paths, repeats = {}, []
         for repeat in range(max(1, args.headline_repeats) if index == 0 else 1):
-            pair = {}
-            # interleaved, each path first in turn: framework, bare, bare, framework, framework, bare, ...
-            for path in ("framework", "bare") if repeat % 2 == 0 else ("bare", "framework"):
-                with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-                    profile = (str(Path(args.profile) / f"{path}.prof")
-                               if args.profile and index == 0 and not repeats else "")
-                    pair[path] = pool.submit(_job, path, agents[:n], G, args.prompts, args.steps, args.warmup,
-                                             args.backend, profile, lora_overrides(agents[:n], args.lora)).result()
+            # each path first in turn: framework, bare, then bare, framework, ...
+            order = ("framework", "bare") if repeat % 2 == 0 else ("bare", "framework")
+            profiles = tuple(str(Path(args.profile) / f"{path}.prof") if args.profile and index == 0 and not repeats
+                             else "" for path in order)
+            pair = dict(zip(order, run_pair(order, args, n, G, args.interleave, profiles)))
+            for path in order:
                 paths[path] = _pool(paths.get(path), pair[path])
             repeats.append(ratios(pair["framework"], pair["bare"]))
         results.append(summarise(paths["framework"], paths["bare"], n, G, args.prompts, repeats))
@@ -597,7 +722,7 @@ def run(args) -> dict:
         "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
         "wall_s": time.perf_counter() - started,
         "headline": {"n": head["n"], "G": head["G"]},
-        "backend": args.backend, "lora_rank": args.lora,
+        "backend": args.backend, "lora_rank": args.lora, "interleave": args.interleave,
         "framework_over_bare": head["framework_over_bare"],
         "framework_over_bare_wall": head["framework_over_bare_wall"],
         "spread": head["spread"], "outside_phases_share": head["outside_phases_share"],
@@ -611,7 +736,8 @@ def run(args) -> dict:
 def print_report(result: dict) -> None:
     if result.get("null"):
         spread = result["spread"]
-        print(f"null (bare loop against itself, n={result['n']}, G={result['G']}, {result['backend']}): "
+        print(f"null (bare loop against itself, n={result['n']}, G={result['G']}, {result['backend']}, "
+              f"interleaved by {result['interleave']}): "
               f"{len(result['repeats'])} pairs, second over first: CPU {spread['cpu']['median']:.3f} "
               f"({spread['cpu']['min']:.3f}, {spread['cpu']['max']:.3f}), wall {spread['wall']['median']:.3f} "
               f"({spread['wall']['min']:.3f}, {spread['wall']['max']:.3f}); each process's median s/step: "
@@ -636,8 +762,8 @@ def print_report(result: dict) -> None:
                        "train_tok/s", "bare_train_tok/s", "rss_mb", "bare_rss_mb"])
     spread = result["spread"]
     print(f"\nframework_over_bare = {result['framework_over_bare']:.3f} CPU time, trainer and engine processes "
-          f"({result['framework_over_bare_wall']:.3f} wall; target <= 1.10); over {len(head['repeats'])} interleaved "
-          f"repeats: CPU {spread['cpu']['median']:.3f} ({spread['cpu']['min']:.3f}, {spread['cpu']['max']:.3f}), "
+          f"({result['framework_over_bare_wall']:.3f} wall; target <= 1.10); over {len(head['repeats'])} pairs "
+          f"interleaved by {result['interleave']}: CPU {spread['cpu']['median']:.3f} ({spread['cpu']['min']:.3f}, {spread['cpu']['max']:.3f}), "
           f"wall {spread['wall']['median']:.3f} ({spread['wall']['min']:.3f}, {spread['wall']['max']:.3f})")
     print(f"engine processes' CPU: {head['framework_engine_cpu_s']:.3f} s/step framework, "
           f"{head['bare_engine_cpu_s']:.3f} bare; outside the timed phases: "
