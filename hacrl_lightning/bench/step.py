@@ -96,7 +96,8 @@ def add_arguments(parser) -> None:
                              "first (what the same program against itself spreads on this machine)")
     parser.add_argument("--interleave", default="steps", choices=["steps", "processes"],
                         help="a pair's two runs: both at once, taking their steps in turn (steps: a slow spell of the "
-                             "machine falls on both alike), or one process after the other (processes)")
+                             "machine falls on both alike; both runs' models and engines are in memory at once), or "
+                             "one process after the other (processes)")
     parser.add_argument("--backend", default="hf", choices=["hf", "vllm"],
                         help="rollout engine of both paths: transformers, or one vLLM engine per agent (CUDA or "
                              "vLLM's CPU build), synced after every step in both")
@@ -440,8 +441,8 @@ class StepRecorder(Callback):
         turn().wait()
         self.memory.scan = self._scan if len(self.steps) < self.warmup else None
         self.current = defaultdict(float)
-        self._start, self._cpu_start, self._engine_cpu_start = time.perf_counter(), time.process_time(), engine_cpu_s()
-        self._gc_start = (gc_clock().seconds, gc_clock().full)
+        self._engine_cpu_start, self._gc_start = engine_cpu_s(), (gc_clock().seconds, gc_clock().full)
+        self._start, self._cpu_start = time.perf_counter(), time.process_time()  # the reads above are not the step's
 
     def _scan(self) -> None:
         copies = weight_copies(self.module.agents.values(), self.module.trainer.optimizers)
@@ -514,7 +515,8 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
         turn().wait()
         marks.clear()
         clock = gc_clock()
-        t0, cpu0, engine0, gc0 = time.perf_counter(), time.process_time(), engine_cpu_s(), (clock.seconds, clock.full)
+        engine0, gc0 = engine_cpu_s(), (clock.seconds, clock.full)
+        t0, cpu0 = time.perf_counter(), time.process_time()  # as the framework's `StepRecorder`: the reads are not the step's
         done = reference.hacpo_step(loaded, optimizers, full_length, examples, window, cfg=cfg, step=step, phase=phase)
         phase("weight_sync")
         for k, engine in engines.items():  # the engines answer with the updated weights next step
