@@ -84,7 +84,8 @@ def test_the_null_run_times_the_bare_loop_against_itself(tmp_path):
 
 
 def _take_turns(gate, side: int, steps: int, log, crash: bool = False) -> None:
-    """A benchmark side's step loop without the steps: each step waits for its turn, logs, and hands over."""
+    """A benchmark side's step loop without the steps: each step waits for its turn, logs (side, step) at the next
+    free place of the shared `log` (the first slot counts them), and hands over."""
     import os
 
     from hacrl_lightning.bench.step import install_turn, turn
@@ -93,11 +94,11 @@ def _take_turns(gate, side: int, steps: int, log, crash: bool = False) -> None:
     try:
         for step in range(steps):
             turn().wait(timeout=60)
-            log.put((side, step))
-            if crash and step == 1:  # dies holding the turn, without `finish`: the parent must free the other side
-                log.close()
-                log.join_thread()  # the logged step reaches the parent first
-                os._exit(3)
+            with log.get_lock():
+                log[0] += 1
+                log[log[0]] = 10 * side + step
+            if crash and step == 1:
+                os._exit(3)  # dies holding the turn, without `finish`: the parent must free the other side
             if step + 1 < steps:
                 turn().hand_over()
     finally:
@@ -113,7 +114,7 @@ def test_lockstep_sides_take_their_steps_in_turn_and_an_ended_side_holds_none_up
     from hacrl_lightning.bench.step import LockStep
 
     ctx = get_context("spawn")
-    gate, log = LockStep(ctx), ctx.Queue()
+    gate, log = LockStep(ctx), ctx.Array("i", 16)
     sides = [ctx.Process(target=_take_turns, args=(gate, 0, 5 if crash else 2, log, crash)),
              ctx.Process(target=_take_turns, args=(gate, 1, 4, log))]
     for process in sides:
@@ -125,8 +126,7 @@ def test_lockstep_sides_take_their_steps_in_turn_and_an_ended_side_holds_none_up
     sides[1].join(timeout=120)
     assert [p.exitcode for p in sides] == [3 if crash else 0, 0]
     # both ways side 0 takes two steps (it has two, or dies after its second), and side 1 then runs its last two
-    assert [log.get(timeout=10) for _ in range(6)] == [(0, 0), (1, 0), (0, 1), (1, 1), (1, 2), (1, 3)]
-    assert log.empty()
+    assert log[:log[0] + 1] == [6, 0, 10, 1, 11, 12, 13]
 
 
 def test_min_new_tokens_forces_full_length_responses(zoo_agents):
