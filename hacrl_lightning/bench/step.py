@@ -38,9 +38,9 @@ min, max over the pairs: the spread). A pair's two processes run at once and tak
 (`--interleave steps`, `LockStep`: framework step, bare step, framework step, ...; one waits, idle, while the
 other steps), so a slow spell of a shared machine falls on both paths alike; each then starts a step with the
 other's data in the caches, which raises both a little. `--interleave processes` runs one process after the
-other instead. `--null` times the bare loop against itself the same way: the machine's own spread. `outside_phases_share` is the share of the step spent
-outside every timed phase (the `logging` remainder), and `slowest_step_over_median` the slowest timed step
-over the median: no time goes unaccounted, and a spike shows.
+other instead. `--null` times the bare loop against itself the same way: the machine's own spread.
+`outside_phases_share` is the share of the step spent outside every timed phase (the `logging` remainder), and
+`slowest_step_over_median` the slowest timed step over the median: no time goes unaccounted, and a spike shows.
 Each (path, n, G) runs in a fresh process, so peak resident memory (RSS, sampled every 5 ms and
 attributed to the phase running) is that configuration's alone. The warm-up steps are not timed;
 in them the framework is searched, at every phase boundary, for CPU tensors shaped like a weight
@@ -516,7 +516,7 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
         marks.clear()
         clock = gc_clock()
         engine0, gc0 = engine_cpu_s(), (clock.seconds, clock.full)
-        t0, cpu0 = time.perf_counter(), time.process_time()  # as the framework's `StepRecorder`: the reads are not the step's
+        t0, cpu0 = time.perf_counter(), time.process_time()  # as in `StepRecorder`: the reads are not the step's
         done = reference.hacpo_step(loaded, optimizers, full_length, examples, window, cfg=cfg, step=step, phase=phase)
         phase("weight_sync")
         for k, engine in engines.items():  # the engines answer with the updated weights next step
@@ -765,7 +765,8 @@ def print_report(result: dict) -> None:
     spread = result["spread"]
     print(f"\nframework_over_bare = {result['framework_over_bare']:.3f} CPU time, trainer and engine processes "
           f"({result['framework_over_bare_wall']:.3f} wall; target <= 1.10); over {len(head['repeats'])} pairs "
-          f"interleaved by {result['interleave']}: CPU {spread['cpu']['median']:.3f} ({spread['cpu']['min']:.3f}, {spread['cpu']['max']:.3f}), "
+          f"interleaved by {result['interleave']}: CPU {spread['cpu']['median']:.3f} ({spread['cpu']['min']:.3f}, "
+          f"{spread['cpu']['max']:.3f}), "
           f"wall {spread['wall']['median']:.3f} ({spread['wall']['min']:.3f}, {spread['wall']['max']:.3f})")
     print(f"engine processes' CPU: {head['framework_engine_cpu_s']:.3f} s/step framework, "
           f"{head['bare_engine_cpu_s']:.3f} bare; outside the timed phases: "
