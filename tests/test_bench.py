@@ -27,7 +27,7 @@ def bench(tmp_path_factory, zoo_cache) -> dict:
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench.py"), "step", "--agents", "tiny_a,tiny_b", "--n", "2",
          "--groups", "2", "--prompts", "2", "--steps", "2", "--warmup", "1", "--headline-repeats", "1",
-         "--json", str(out)],
+         "--diagnostics-every", "1", "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "framework_over_bare" in result.stdout and "logging" in result.stdout
@@ -38,6 +38,10 @@ def bench(tmp_path_factory, zoo_cache) -> dict:
 def test_bench_json_has_the_headline_figures(bench):
     assert bench["framework_over_bare"] > 0 and bench["framework_over_bare_wall"] > 0
     assert set(bench["phase_share"]) == set(PHASES)
+    # `--diagnostics-every 1`: the framework's gradient-share pass on every step, timed apart; the bare loop has none
+    row = bench["configs"][0]
+    assert all(step["diagnostics"] > 0 for step in row["framework_steps"])
+    assert all("diagnostics" not in step for step in row["bare_steps"])
     assert all(share >= 0 for share in bench["phase_share"].values())
     assert sum(bench["phase_share"].values()) == pytest.approx(1.0)
     assert bench["reward_plus_exchange_share"] > 0

@@ -114,7 +114,8 @@ def lora_overrides(agent_names: list[str], rank: int) -> tuple[str, ...]:
 
 def run_overrides(agent_names: list[str], args) -> tuple[str, ...]:
     """The command line's changes to both paths' config (after `compose`'s own): `--lora`, `--diagnostics-every`."""
-    return (*lora_overrides(agent_names, args.lora), f"trainer.diagnostics_every={args.diagnostics_every}")
+    every = args.diagnostics_every
+    return (*lora_overrides(agent_names, args.lora), *([f"trainer.diagnostics_every={every}"] if every else []))
 
 
 def configurations(args) -> list[tuple[int, int]]:
