@@ -38,10 +38,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) scripts/train.py
 
+# Every test's duration is kept in test-reports/<lane>.xml (JUnit); the ten slowest tests and files of both
+# lanes are printed at the end (tests/durations.py reads them again at any time).
+REPORTS := test-reports
+
 test: test-main test-vllm
+	$(PY) tests/durations.py
 
 test-main: $(STAMP)
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=10 --junitxml=$(REPORTS)/main.xml
 
 # The inner loop: every test but the slow ones (multi-process runs, comparisons, whole trainings: marked
 # `slow`, each above 1.5 s in `pytest --durations=0`) and the vLLM lane; `make test` stays the whole gate.
@@ -51,7 +56,7 @@ test-fast: $(STAMP)
 	HACRL_ZOO_CACHE=$(HACRL_ZOO_CACHE) $(PY) -m pytest -q -m "not slow and not vllm"
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm*.py
+	$(VLLM_PY) -m pytest -q -m vllm --durations=10 --junitxml=$(REPORTS)/vllm.xml tests/test_vllm*.py
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py step --json bench.json

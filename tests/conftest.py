@@ -117,6 +117,21 @@ class ForeignExport(Callback):
             (self.directory / "notes.txt").write_text("someone else's\n")
 
 
+@pytest.fixture(scope="session")
+def equivalence_record(tmp_path_factory, zoo_cache) -> Path:
+    """The one-process runs of every case of tests/dist_equivalence.py (`record`) and their generations, once per
+    session: tests/test_distributed.py replays them on 2-4 ranks, tests/test_two_nodes.py on two nodes (each
+    replay writes files of its own name beside them)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("equivalence")
+    record = subprocess.run([sys.executable, str(REPO / "tests" / "dist_equivalence.py"), "record", str(out),
+                             str(zoo_cache)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert record.returncode == 0, record.stderr[-3000:]
+    return out
+
+
 class StopAfter(Callback):
     """Interrupt a run after `steps` training steps (as a kill would, but after that step's checkpoint)."""
 
@@ -128,7 +143,7 @@ class StopAfter(Callback):
             trainer.should_stop = True
 
 
-SLOW_FIXTURES = {("test_distributed", "runs"), ("test_two_nodes", "runs"), ("test_paper_smoke", "smoke_run"),
+SLOW_FIXTURES = {("test_distributed", "runs"), ("test_two_nodes", "runs"), ("test_distributed", "equivalence_record"), ("test_paper_smoke", "smoke_run"),
                  ("test_gpu_check", "tiny_check"), ("test_bench", "bench")}
 """Module fixtures that run whole trainings in subprocesses (25-55 s each): every test using one is `slow`."""
 

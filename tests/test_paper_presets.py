@@ -127,11 +127,24 @@ def test_the_matrix_covers_every_algorithm_preset():
     assert preset_names() == sorted(HACPO_FAMILY | {"naive", "gspo", "gspo_x2", "grpo"})
 
 
-@pytest.mark.slow
+@pytest.fixture(scope="module")
+def experiment_pairs() -> dict:
+    """Each experiment's composed `pair` (one composition per experiment)."""
+    return {preset: compose_validated([f"experiment={preset}"]).pair for preset in sorted(MATRIX)}
+
+
 @pytest.mark.parametrize("algorithm", preset_names())
 @pytest.mark.parametrize("preset", sorted(MATRIX))
-def test_experiment_with_an_algorithm_runs_that_algorithm(preset, algorithm):
-    alg = compose_validated([f"experiment={preset}", f"algorithm={algorithm}"]).algorithm
+def test_experiment_with_an_algorithm_runs_that_algorithm(preset, algorithm, experiment_pairs):
+    """Every cell of experiments x algorithms on the rule itself (`presets.resolve_algorithm`, what `cli` calls
+    after composing: the algorithm preset with the experiment's shared `algorithm:` block, and the pair); the
+    composition path is checked against it below, each experiment and each algorithm composed once."""
+    from hacrl_lightning.cli import explicit_keys
+    from hacrl_lightning.presets import resolve_algorithm
+
+    composed = replace(get_preset(algorithm), **SHARED_KL)
+    alg = resolve_algorithm(composed, experiment_pairs[preset],
+                            explicit_keys([f"experiment={preset}", f"algorithm={algorithm}"]))
     assert alg == expected_algorithm(preset, algorithm)
     # the defining values, spelled out
     if algorithm == "grpo":
@@ -151,6 +164,18 @@ def test_experiment_with_an_algorithm_runs_that_algorithm(preset, algorithm):
         assert alg.cross_clip is False
     if algorithm in HACPO_FAMILY - {"hacpo_alpha0"}:
         assert alg.alpha == MATRIX[preset][1]
+
+
+COMPOSED_CELLS = sorted({(preset, "hacpo") for preset in MATRIX}
+                        | {(sorted(MATRIX)[i % len(MATRIX)], algorithm) for i, algorithm in enumerate(preset_names())})
+"""Every experiment and every algorithm preset at least once: 7 + 11 compositions cover what the 77 cells share."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,algorithm", COMPOSED_CELLS)
+def test_the_composed_algorithm_is_the_rules(preset, algorithm):
+    alg = compose_validated([f"experiment={preset}", f"algorithm={algorithm}"]).algorithm
+    assert alg == expected_algorithm(preset, algorithm)
 
 
 def test_an_explicit_algorithm_value_wins_over_the_pair():

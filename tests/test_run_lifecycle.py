@@ -446,7 +446,9 @@ def test_the_default_config_checkpoints_on_a_time_cadence():
 @pytest.mark.slow
 def test_sigterm_to_rank_zero_stops_both_ranks_after_the_same_step_and_the_run_resumes(tmp_path, zoo_cache):
     """2 gloo ranks with per-agent FSDP2 (tests/fsdp_run.py, a checkpoint every step): SIGTERM reaches only the
-    launching process (rank zero); the stop decision is all-reduced, so rank one stops after the same step."""
+    launching process (rank zero); the stop decision is all-reduced, so rank one stops after the same step. The
+    updates are planned over the global batch (n·P/mini_batch_prompts = 2·4/2 per learner and step, not P/2 per
+    rank), the checkpoint is a distributed one, and the resume continues it on both ranks."""
     script, run = str(REPO / "tests" / "fsdp_run.py"), tmp_path / "run"
     proc = subprocess.Popen([sys.executable, script, str(run), str(zoo_cache), "30"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=REPO)
@@ -470,8 +472,10 @@ def test_sigterm_to_rank_zero_stops_both_ranks_after_the_same_step_and_the_run_r
                              capture_output=True, text=True, timeout=300, cwd=REPO)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.count(f"RANK-DONE steps={steps + 1}") == 2
+    assert latest_checkpoint(run).name == f"step_{steps + 1:07d}.ckpt"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["sessions"] == 2
+    assert all(summary["agents"][name]["export"] for name in ("tiny_a", "tiny_b"))  # an interrupted run's resume exports
 
 
 # --- the end-of-fit exports: every rank agrees on how they end -------------------------------------------------
@@ -505,7 +509,8 @@ def test_on_two_ranks_a_signal_or_a_failure_in_rank_zeros_export_ends_both_ranks
     """2 gloo ranks, per-agent FSDP2 (tests/fsdp_run.py): each export is a collective (the ranks gather it, rank zero
     writes). A SIGTERM to rank zero as tiny_a's export starts, or a failure of its write there, ended only rank zero
     at once, and rank one waited in the next gather. Now the export under way finishes, the ranks agree, and both
-    stop the same way: interrupted (the signal) or failed (the reason, naming rank zero); resume exports both."""
+    stop the same way: interrupted (the signal) or failed (the reason, naming rank zero). After the failure, resume
+    exports both (one resume: after the signal it is the SIGTERM test's resume above, which exports as well)."""
     script, run = str(REPO / "tests" / "fsdp_run.py"), tmp_path / "run"
     proc = subprocess.run([sys.executable, script, str(run), str(zoo_cache), "1", how], capture_output=True,
                           text=True, timeout=300, cwd=REPO)
@@ -521,8 +526,9 @@ def test_on_two_ranks_a_signal_or_a_failure_in_rank_zeros_export_ends_both_ranks
         assert summary["status"] == "failed" and summary["error"].startswith("ExportFailed: the export of tiny_a on "
                                                                              "rank 0 failed")
         (run / "exports" / "tiny_a" / "notes.txt").unlink()
-    resumed = subprocess.run([sys.executable, script, str(run), str(zoo_cache), "1", "resume"], capture_output=True,
-                             text=True, timeout=300, cwd=REPO)
-    assert resumed.returncode == 0 and resumed.stdout.count("RANK-DONE steps=1") == 2, resumed.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "completed" and all(summary["agents"][name]["export"] for name in ("tiny_a", "tiny_b"))
+        resumed = subprocess.run([sys.executable, script, str(run), str(zoo_cache), "1", "resume"],
+                                 capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert resumed.returncode == 0 and resumed.stdout.count("RANK-DONE steps=1") == 2, resumed.stderr[-3000:]
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        assert all(summary["agents"][name]["export"] for name in ("tiny_a", "tiny_b"))

@@ -3,8 +3,6 @@ that say sampled train reward vs greedy held-out accuracy, and TensorBoard's hpa
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,30 +13,8 @@ TINY = ["data.prompts_per_step=2", "trainer.mini_batch_prompts=2", "rollout.grou
         "trainer.export_agents=false"]
 
 
-@pytest.mark.slow
-def test_progress_lines_reach_a_pipe_while_the_run_goes_on(tmp_path, zoo_cache):
-    """A real `scripts/train.py` writing to a pipe (as `> log`, nohup or a scheduler): a line per step shows
-    while the process is still running, flushed at once, each naming every agent's train reward."""
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "train.py"), "trainer.steps=4", "trainer.eval_every=0", *TINY,
-         f"run_dir={tmp_path / 'run'}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, HACRL_ZOO_CACHE=str(zoo_cache)))
-    try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("step 1/4"):
-                break
-        assert proc.poll() is None, "the first progress line came only once the run had ended:\n" + "".join(lines)
-        lines += proc.stdout.readlines()
-    finally:
-        proc.wait(timeout=600)
-    assert proc.returncode == 0, "".join(lines)[-3000:]
-    progress = [line for line in lines if line.startswith("step ")]
-    assert [line.split(" | ")[0] for line in progress] == ["step 1/4", "step 2/4", "step 3/4", "step 4/4"]
-    for line in progress:
-        assert "train reward (sampled): tiny_a " in line and " tiny_b " in line and line.rstrip().endswith("s/step")
-    assert "Epoch 0/0" not in "".join(lines)  # no progress bar drawn into the pipe
+# Progress lines to a pipe while the run goes on: tests/test_training.py::test_train_script_end_to_end (its
+# scripts/train.py writes to a pipe).
 
 
 def test_tensorboard_has_the_config_as_hparams_and_eval_points_on_the_training_steps(tmp_path, zoo_cache):

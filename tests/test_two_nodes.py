@@ -35,11 +35,8 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, zoo_cache):
-    out = tmp_path_factory.mktemp("two_nodes")
-    record = subprocess.run([sys.executable, SCRIPT, "record", str(out), str(zoo_cache), CASE], capture_output=True,
-                            text=True, timeout=600, cwd=REPO)
-    assert record.returncode == 0, record.stderr[-3000:]
+def runs(equivalence_record, zoo_cache):
+    out = equivalence_record  # the session's one-process record of every case (tests/conftest.py)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     # NODE_RANK alone, as Lightning's plain environment has it: the run directory is claimed before Lightning
