@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from hacrl_lightning.agents.sources import AgentLoadError
 from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
@@ -78,21 +79,63 @@ def wait_for(proc: subprocess.Popen, text: str, seen: list[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum,times,code", [(signal.SIGTERM, 1, 143), (signal.SIGINT, 1, 130), (signal.SIGINT, 2, 130),
-                                               (signal.SIGHUP, 1, 129)],
-                         ids=["sigterm", "sigint", "sigint_twice", "sighup"])
-def test_a_signal_stops_the_run_with_a_checkpoint_an_interrupted_summary_and_128_plus_the_signal(
-        tmp_path, zoo_cache, signum, times, code):
+def test_sigterm_to_the_script_stops_the_run_with_a_checkpoint_an_interrupted_summary_and_143(tmp_path, zoo_cache):
+    """A real `scripts/train.py` and a real SIGTERM, end to end (the other signals, and a second one, run in this
+    process below: the same handlers, the same `main`)."""
     run = tmp_path / "run"
     proc = start_script([*SMALL, "trainer.steps=50", f"zoo_cache={zoo_cache}", f"run_dir={run}"])
     seen: list[str] = []
     wait_for(proc, "eval step 0", seen)  # the initial evaluation is done: step 1 is under way
-    for _ in range(times):
-        proc.send_signal(signum)
-        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=240)
     output = "".join(seen) + out
-    assert proc.returncode == code, output[-3000:]
+    assert proc.returncode == 143, output[-3000:]
+    assert "Traceback" not in output
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM"
+    assert summary["steps_wanted"] == 50 and 1 <= summary["steps"] < 50
+    assert summary["last_checkpoint"] == str(run / "checkpoints" / f"step_{summary['steps']:07d}.ckpt")
+    assert f"resume={run}" in output and not (run / LOCK_NAME).exists()
+
+
+class SendSignal(Callback):
+    """Sends `signum` to this process `times` times as the first step starts (as a user or a scheduler would
+    once the initial evaluation is done)."""
+
+    def __init__(self, signum: int, times: int):
+        self.signum, self.times = signum, times
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if pl_module.steps_done == 0:
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)  # the handler runs here, in the main thread
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum,times,code", [(signal.SIGTERM, 1, 143), (signal.SIGINT, 1, 130), (signal.SIGINT, 2, 130),
+                                               (signal.SIGHUP, 1, 129)],
+                         ids=["sigterm", "sigint", "sigint_twice", "sighup"])
+def test_a_signal_stops_the_run_with_a_checkpoint_an_interrupted_summary_and_128_plus_the_signal(
+        tmp_path, zoo_cache, script_main, monkeypatch, capsys, signum, times, code):
+    """scripts/train.py's `main` in this process, its run sent real signals: one finishes the step and checkpoints
+    it, a second stops at once; the exit status is 128 + the signal, as a shell's."""
+    from hacrl_lightning import training
+
+    if signum == signal.SIGHUP and (os.isatty(1) or os.isatty(2)):
+        pytest.skip("SIGHUP points a terminal's stdout and stderr at /dev/null (run without -s)")
+    real = training.train
+    monkeypatch.setattr(training, "train", lambda cfg, **kw: real(cfg, extra_callbacks=[SendSignal(signum, times)],
+                                                                  **kw))
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP)}
+    _default_sigint()  # as a terminal's shell starts a command (a suite run in the background inherits SIGINT ignored)
+    try:
+        status = script_main("train")([*SMALL, "trainer.steps=50", f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"])
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    run = tmp_path / "run"
+    output = "".join(capsys.readouterr())
+    assert status == code, output[-3000:]
     assert "Traceback" not in output
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["signal"] == signal.Signals(signum).name
