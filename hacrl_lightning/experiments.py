@@ -6,8 +6,10 @@ study, whose arms are compared within their pair). `plan_runs` crosses arms with
 with its own run directory. A run is a result only when it finished: its `summary.json` (written
 atomically by `training.train`) says `completed` after every step it wanted, under the same resolved
 config (`config_hash` hashes the resolved config, the text a run saves as `config.yaml`, without
-`HASH_IGNORES`; a spec knows the hash its run must have). An interrupted, failed or killed run is not
-(`RunSpec.state` says which, for the console and a retry). `result_rows` turns summaries into one row
+`HASH_IGNORES`; a spec knows the hash its run must have), reading the same files (`run_inputs`: the SHA-256 of
+every file the config names by path, recorded beside the run when it starts, `RunSpec.inputs_path`), and for
+no more steps than planned (a run continued by hand with `resume=` is `extended`, never a result of a shorter
+plan). An interrupted, failed or killed run is not (`RunSpec.state` says which, for the console and a retry). `result_rows` turns summaries into one row
 per (arm, agent, seed), each saying how many of its arm's planned runs finished; `summarize` gives mean
 and Student-t 95% confidence intervals over seeds, and no mean (nan) for an arm with fewer finished
 runs than planned unless `allow_partial`; `paired_gaps` compares
@@ -24,8 +26,10 @@ import fnmatch
 
 import csv
 import hashlib
+import importlib.util
 import json
 import math
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +48,11 @@ RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "rollou
                   "arm_runs_planned")
 """Columns of `results.csv`, one row per method (arm) x agent x seed of a finished run; `arm_runs` of the
 arm's `arm_runs_planned` runs (seeds) have finished, what a mean over the arm rests on."""
-STATES = ("finished", "interrupted", "failed", "stale", "unfinished")
-"""`RunSpec.state`: finished (a result); interrupted (resumable); failed; stale (ran under another config);
-unfinished (not started, killed before its summary, or a `completed` summary short of its steps)."""
+STATES = ("finished", "interrupted", "failed", "stale", "extended", "unfinished")
+"""`RunSpec.state`: finished (a result); interrupted (resumable); failed; stale (ran under another config, or
+read files whose contents have changed since); extended (continued by hand past the planned steps: no result,
+and never overwritten); unfinished (not started, killed before its summary, or a `completed` summary short of
+its steps)."""
 
 HASH_IGNORES = (*setting_keys("location"), *setting_keys("unhashed"))
 """Keys that do not change what a run computes or reports (`setting(location=True)`, `setting(unhashed=True)`):
@@ -76,6 +82,103 @@ def config_hash(values: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, default=str).encode()).hexdigest()[:16]
 
 
+# -- the files a run reads ----------------------------------------------------------------------------
+
+WHOLE_FILE_LIMIT = 64 * 2**20
+"""Inside a folder (a local model), files up to this size are keyed by their SHA-256, larger ones (weight shards
+of GBs) by their size and modification time: a changed `config.json`, tokenizer or tiny model's weights is
+seen by its contents, a rewritten shard by its new mtime."""
+
+
+def input_paths(values: dict[str, Any], base: Path) -> list[tuple[str, Path]]:
+    """(key, path) of every file or folder that a run of these `resolved_values` reads and that its config names
+    by path: data files, a code reward's `.py` file (`path.py:fn`, or the file of `module:fn`), a local model or
+    tokenizer folder, and any other string value that names an existing path (contains `/`, starts with `~` or
+    has a suffix: `a.jsonl`). Relative paths are taken from `base` (where the runs start). Agent and experiment
+    YAML files need no entry: their contents are in the resolved values. Registered rewards and `zoo:` agents
+    are the project's code; hub models are named by id and revision."""
+    found: list[tuple[str, Path]] = []
+
+    def visit(key: str, value: Any) -> None:
+        if isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                visit(f"{key}.{i}", item)
+        elif isinstance(value, dict):
+            for name, item in value.items():
+                visit(f"{key}.{name}", item)
+        elif isinstance(value, str) and value.strip() not in ("", ".", ".."):
+            path = _named_path(key, value, base)
+            if path is not None:
+                found.append((key, path))
+
+    for key, value in values.items():
+        visit(key, value)
+    return found
+
+
+def _named_path(key: str, value: str, base: Path) -> Path | None:
+    """The existing file or folder a config value names, or None (a name, a number, a hub id)."""
+    target, colon, _ = value.rpartition(":")
+    if colon and target and not value.startswith(("http:", "https:")):  # a code spec: path.py:fn or module:fn
+        if target.endswith(".py") or "/" in target:
+            value = target
+        elif target.replace(".", "").replace("_", "").isalnum() and key.split(".")[-1] == "reward":
+            try:
+                origin = getattr(importlib.util.find_spec(target), "origin", None)
+            except (ImportError, ValueError):
+                origin = None
+            return Path(origin) if origin and Path(origin).is_file() else None
+        else:
+            return None
+    looks_like_path = "/" in value or value.startswith("~") or Path(value).suffix or key.endswith((".model", ".tokenizer"))
+    if not looks_like_path:
+        return None
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else base / path
+    try:
+        return path.resolve() if path.exists() else None
+    except OSError:
+        return None
+
+
+def checksum(path: Path, cache: dict[Path, str] | None = None) -> str:
+    """`sha256:<hex>` of a file's contents; of a folder, the SHA-256 of its manifest: each file's relative path and
+    SHA-256 (size and mtime above `WHOLE_FILE_LIMIT`). `cache`: path -> checksum, so one invocation reads each
+    path once. Raises OSError for what cannot be read."""
+    if cache is not None and path in cache:
+        return cache[path]
+    if path.is_dir():
+        lines = []
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                file = Path(root) / name
+                stat = file.stat()
+                key = (f"size {stat.st_size} mtime {stat.st_mtime_ns}" if stat.st_size > WHOLE_FILE_LIMIT
+                       else _file_sha256(file))
+                lines.append(f"{file.relative_to(path)}\t{key}")
+        value = "sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    else:
+        value = "sha256:" + _file_sha256(path)
+    if cache is not None:
+        cache[path] = value
+    return value
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def run_inputs(values: dict[str, Any], base: Path, cache: dict[Path, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """The contents of what a run reads (`input_paths`): sorted (path, `checksum`) pairs, what a run's record
+    holds and a comparison's key compares. Raises OSError naming nothing: the caller names the key."""
+    return tuple(sorted({str(path): checksum(path, cache) for _, path in input_paths(values, base)}.items()))
+
+
 @dataclass(frozen=True)
 class Arm:
     """One compared configuration: a label and the training overrides that make it."""
@@ -91,6 +194,10 @@ class RunSpec:
     run_dir: Path
     config_hash: str = ""
     """The hash of the resolved config this run must have (`config_hash`); empty: not checked."""
+    inputs: tuple[tuple[str, str], ...] | None = None
+    """The (path, checksum) of every file this run must read (`run_inputs`); None: not checked."""
+    steps: int | None = None
+    """The steps this run is planned to make (`trainer.steps`); None: not checked."""
 
     def overrides(self, common: Sequence[str] = (), *, quote: Callable[[str], str] = str) -> list[str]:
         """The `scripts/train.py` overrides of this run: shared ones first, then the arm's, seed, run dir
@@ -110,6 +217,48 @@ class RunSpec:
     @property
     def config_path(self) -> Path:
         return self.run_dir / "config.yaml"
+
+    @property
+    def inputs_path(self) -> Path:
+        """The record of the files the run read (`seed0.inputs.json`, beside its directory): (path, checksum) as
+        computed when compare.py started it."""
+        return self.run_dir.with_name(f"{self.run_dir.name}.inputs.json")
+
+    def recorded_inputs(self) -> dict[str, str] | None:
+        """The run's record of its inputs (None: none, or unreadable)."""
+        try:
+            record = json.loads(self.inputs_path.read_text())
+        except (OSError, ValueError):
+            return None
+        files = record.get("files") if isinstance(record, dict) else None
+        return {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else None
+
+    def record_inputs(self) -> None:
+        """Write the record of this spec's inputs (atomically), when its run starts."""
+        if self.inputs is None:
+            return
+        self.inputs_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.inputs_path.with_name(self.inputs_path.name + ".partial")
+        partial.write_text(json.dumps({"files": dict(self.inputs)}, indent=1) + "\n")
+        os.replace(partial, self.inputs_path)
+
+    @property
+    def same_inputs(self) -> bool:
+        """The run read the files this spec reads, as they are now (any run when the spec has no inputs; a run
+        without a record only when the spec reads no file)."""
+        if self.inputs is None:
+            return True
+        recorded = self.recorded_inputs()
+        return recorded == dict(self.inputs) if recorded is not None else not self.inputs
+
+    def input_changes(self) -> str:
+        """What differs between the recorded inputs and this spec's, for the console (a few paths)."""
+        recorded, wanted = self.recorded_inputs(), dict(self.inputs or ())
+        if recorded is None:
+            return f"no record of the files it read ({self.inputs_path.name}): {', '.join(list(wanted)[:3])}"
+        said = [f"{path} {'changed' if path in recorded and path in wanted else 'added' if path in wanted else 'no longer read'}"
+                for path in dict.fromkeys([*wanted, *recorded]) if recorded.get(path) != wanted.get(path)]
+        return ", ".join(said[:3]) + (f" and {len(said) - 3} more" if len(said) > 3 else "")
 
     def saved_values(self) -> dict[str, Any] | None:
         """`resolved_values` of the config the run saved (None: none saved, or unreadable)."""
@@ -142,10 +291,23 @@ class RunSpec:
         summary = self.read_summary()
         if summary is None or not self.same_config:
             return "unfinished"
+        if self.extended_to(summary) is not None:
+            return "extended"
+        if not self.same_inputs:
+            return "stale"
         status, steps = summary.get("status"), summary.get("steps")
-        if status == "completed" and steps is not None and steps == summary.get("steps_wanted"):
+        if (status == "completed" and steps is not None and steps == summary.get("steps_wanted")
+                and (self.steps is None or steps == self.steps)):
             return "finished"
         return status if status in ("interrupted", "failed") else "unfinished"
+
+    def extended_to(self, summary: dict[str, Any] | None = None) -> int | None:
+        """The steps of a run continued past the plan (by hand, `resume=` with more `trainer.steps`), else None."""
+        summary = self.read_summary() if summary is None else summary
+        steps = (summary or {}).get("steps")
+        if self.steps is None or not isinstance(steps, int) or isinstance(steps, bool) or steps <= self.steps:
+            return None
+        return steps
 
     @property
     def done(self) -> bool:

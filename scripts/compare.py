@@ -13,9 +13,13 @@ Keys of this script (`CompareConfig` below) are taken from the command line; eve
 is composed and validated before the first one starts (all problems at once, exit status 2). Each
 run is a `scripts/train.py` subprocess in `<out>/runs/<method>/seed<k>` with its log beside it.
 A run is finished only when its summary says `completed` after all its steps. Re-running the same
-command skips finished runs whose saved config hashes to the same resolved settings, resumes an
-interrupted or failed run of the same settings from its newest checkpoint, and re-runs any other
-(`overwrite=true`), so a comparison survives interruptions. Ctrl-C (SIGINT), SIGTERM or SIGHUP stop
+command skips finished runs whose saved config hashes to the same resolved settings and that read the
+same files (the SHA-256 of every data file, code reward file and local model folder the config names,
+computed once per invocation and recorded beside each run when it starts, `seed<k>.inputs.json`),
+resumes an interrupted or failed run of the same settings and files from its newest checkpoint, and
+re-runs any other (`overwrite=true`), so a comparison survives interruptions. A run continued by hand
+past the planned `trainer.steps` (`resume=`) is never reused nor overwritten: compare.py refuses to
+start (exit 2), naming the run and its steps. Ctrl-C (SIGINT), SIGTERM or SIGHUP stop
 it: each running run checkpoints and ends as interrupted, no new one starts, exit 128 + the signal.
 One compare.py at a time per output directory (a lock, `<out>/.lock`: a second is refused, exit 2).
 The outputs are rewritten from all finished runs after each run: `results.csv`, `results.md` (with
@@ -146,10 +150,12 @@ def plan(cfg: CompareConfig) -> tuple[list[ex.Arm], Path]:
 
 def check_runs(specs: list[ex.RunSpec], training: list[str]) -> tuple[list[ex.RunSpec], dict[Path, dict]]:
     """Compose, validate and preflight every run before the first starts; raise one ConfigError with all problems.
-    Returns the specs with the hash of their resolved config, and each run directory's resolved values."""
+    Returns the specs with the hash of their resolved config, the checksums of the files they read (each file
+    read once here, `ex.run_inputs`) and their planned steps, and each run directory's resolved values."""
     problems: list[Problem] = []
     said, refused = set(), set()  # fitted-length lines printed, problems listed: each once over all runs
     hashed, values = [], {}
+    checksums: dict[Path, str] = {}
     for spec in specs:
         try:  # with train.py's preflight, which may fit agents' lengths (data.few_shot): what the run will save
             with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -159,7 +165,9 @@ def check_runs(specs: list[ex.RunSpec], training: list[str]) -> tuple[list[ex.Ru
                     said.add(line)
                     print(line, flush=True)
             values[spec.run_dir] = ex.resolved_values(OmegaConf.to_yaml(dcfg, resolve=True))  # as train.py saves it
-            hashed.append(replace(spec, config_hash=ex.config_hash(values[spec.run_dir])))
+            inputs = input_checksums(values[spec.run_dir], checksums)
+            hashed.append(replace(spec, config_hash=ex.config_hash(values[spec.run_dir]), inputs=inputs,
+                                  steps=values[spec.run_dir].get("trainer.steps")))
         except ConfigError as err:
             for problem in err.problems:
                 text = f"[{spec.arm.name}] {problem}"
@@ -171,6 +179,37 @@ def check_runs(specs: list[ex.RunSpec], training: list[str]) -> tuple[list[ex.Ru
     return hashed, values
 
 
+def input_checksums(values: dict, cache: dict[Path, str]) -> tuple[tuple[str, str], ...]:
+    """`ex.run_inputs` of one run (relative paths from WORK_DIR, where the runs start); a file that exists but
+    cannot be read is a ConfigError naming its key."""
+    pairs = {}
+    for key, path in ex.input_paths(values, WORK_DIR):
+        try:
+            pairs[str(path)] = ex.checksum(path, cache)
+        except OSError as err:
+            raise ConfigError([Problem(key, str(path), "a file or folder this user can read",
+                                       f"make it readable (chmod u+r) or name another ({type(err).__name__}: "
+                                       f"{err.strerror or err})")]) from None
+    return tuple(sorted(pairs.items()))
+
+
+def extended_problems(specs: list[ex.RunSpec]) -> list[Problem]:
+    """A Problem for each run directory holding a run continued by hand past the plan's steps (`extended`): it is
+    neither reused (its results are of more steps) nor overwritten (it is the user's)."""
+    problems = []
+    for spec in specs:
+        if spec.state == "extended":
+            steps = spec.extended_to()
+            moved = spec.run_dir.with_name(f"{spec.run_dir.name}_{steps}steps")
+            problems.append(Problem(
+                "trainer.steps", spec.steps, f"runs of {spec.steps} steps in {spec.run_dir.parent}",
+                f"{spec.arm.name} seed={spec.seed} ({spec.run_dir}) was continued by hand to {steps} steps (resume=); "
+                f"compare.py neither reuses nor deletes it: give trainer.steps={steps} to compare at {steps} steps, "
+                f"move it aside (mv {shlex.quote(str(spec.run_dir))} {shlex.quote(str(moved))}) to re-run the "
+                f"{spec.steps}-step plan, or give another out="))
+    return problems
+
+
 def command(spec: ex.RunSpec, training: list[str]) -> list[str]:
     """The `scripts/train.py` command of an unfinished run: an interrupted or failed run of the same config
     resumes from its newest checkpoint; any other run in its directory (another config, or ended before its
@@ -179,7 +218,7 @@ def command(spec: ex.RunSpec, training: list[str]) -> list[str]:
     from hacrl_lightning.callbacks.checkpoint import latest_checkpoint  # Lightning: loaded once a run starts
 
     args = spec.overrides(training, quote=hydra_value)
-    if spec.same_config and (spec.run_dir / "checkpoints").is_dir():
+    if spec.same_config and spec.same_inputs and (spec.run_dir / "checkpoints").is_dir():
         try:
             return [sys.executable, str(SCRIPTS_DIR / "train.py"), *args,
                     f"resume={hydra_value(str(latest_checkpoint(spec.run_dir / 'checkpoints')))}"]
@@ -260,9 +299,12 @@ def _announce(specs: list[ex.RunSpec], todo: list[ex.RunSpec], out: Path, wanted
     print(f"{len(specs)} runs ({len(specs) - len(todo)} already finished) -> {out}")
     for spec in todo:
         state, summary = spec.state, spec.read_summary() or {}
-        if state == "stale":
+        if state == "stale" and not spec.same_config:
             print(f"  stale  {spec.arm.name} seed={spec.seed}: ran under another config "
                   f"({changes(spec.saved_values(), wanted[spec.run_dir])}); re-running it from the start")
+        elif state == "stale":
+            print(f"  stale  {spec.arm.name} seed={spec.seed}: read other file contents ({spec.input_changes()}); "
+                  "re-running it from the start")
         elif state in ("interrupted", "failed"):
             print(f"  retry  {spec.arm.name} seed={spec.seed}: {state} at step {summary.get('steps')} of "
                   f"{summary.get('steps_wanted')}; resuming from its newest checkpoint, or re-running it without one")
@@ -316,6 +358,7 @@ def run_all(cfg: CompareConfig, specs: list[ex.RunSpec], training: list[str], ou
                           "left alone (run compare.py again once it ends)", flush=True)
                     continue
                 args = command(spec, training)
+                spec.record_inputs()  # what this run reads, as compare.py checksummed it
                 spec.log_path.parent.mkdir(parents=True, exist_ok=True)
                 log = spec.log_path.open("a")
                 log.write(f"$ {shlex.join(args)}\n")
@@ -350,6 +393,9 @@ def main(argv: list[str]) -> int:
         if problem:
             raise ConfigError([problem])
         specs, wanted = check_runs(ex.plan_runs(arms, cfg.seeds, out), training)
+        extended = extended_problems(specs)
+        if extended:
+            raise ConfigError(extended)
         held = [(spec, holder) for spec in specs if (holder := live_holder(spec.run_dir))]
         if held:  # another train.py (or compare.py) is running one of these runs: touch none of them
             raise ConfigError([Problem("out", str(out), "runs no other process is using",

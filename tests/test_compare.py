@@ -188,6 +188,8 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
             assert image.format == "PNG" and image.size[0] > 300
 
     assert (out / "runs" / "hacpo" / "seed0.log").read_text().startswith("$ ")  # the log beside the run dir
+    # the record of the files it read, beside it too: the synthetic task and zoo agents read none by path
+    assert json.loads((out / "runs" / "hacpo" / "seed0.inputs.json").read_text()) == {"files": {}}
 
     # the same command again (its `main` in this process): every run is reused, no process is started
     summaries = {(m, s): out / "runs" / m / f"seed{s}" / "summary.json" for m in ("grpo", "hacpo") for s in (0, 1)}
@@ -414,3 +416,145 @@ def test_a_failed_run_is_no_result_and_the_next_comparison_retries_it(tmp_path, 
             assert list(csv.DictReader(handle)) == []  # a failed run is no row
         assert "Finished runs: 0 of 1" in (out / "results.md").read_text()
         assert not (out / "final_accuracy.png").exists()
+
+
+# --- results that are what they say: the key holds the files' contents and the run's real step count -------
+# (the fourth round of hostile inputs, 2026-11-28)
+
+
+def test_the_inputs_key_holds_the_contents_of_every_file_the_config_names(tmp_path, monkeypatch):
+    """Data files, a code reward's file (by path and as `module:fn`), a local model folder: each is keyed by its
+    SHA-256 (a folder by its files'), relative paths from where the runs start; names, numbers and `zoo:` are not
+    paths. A file changed in place changes the key; one invocation reads each path once."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    (tmp_path / "reward.py").write_text("def fn(response, gold):\n    return 1.0\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "my_reward_mod.py").write_text("def fn(response, gold):\n    return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    values = {"data.train_files": ["data/train.jsonl"], "data.eval_files": [], "data.reward": "exact_match",
+              "data.rewards": [{"reward": f"{tmp_path}/reward.py:fn", "weight": 1.0},
+                               {"reward": "my_reward_mod:fn", "weight": 0.1}],
+              "agents.tiny_a.model": "model", "agents.tiny_b.model": "zoo:tiny_b", "data.name": "synthetic",
+              "trainer.steps": 3, "agents.tiny_a.tokenizer": None, "trainer.precision": "32-true"}
+    paths = dict(ex.input_paths(values, tmp_path))
+    assert paths == {"data.train_files.0": tmp_path / "data" / "train.jsonl",
+                     "data.rewards.0.reward": tmp_path / "reward.py",
+                     "data.rewards.1.reward": tmp_path / "my_reward_mod.py",
+                     "agents.tiny_a.model": model}
+    cache: dict = {}
+    before = ex.run_inputs(values, tmp_path, cache)
+    assert len(before) == 4 and all(value.startswith("sha256:") for _, value in before)
+    assert ex.run_inputs(values, tmp_path, cache) == before and len(cache) == 4  # read once per invocation
+    for changed in (tmp_path / "data" / "train.jsonl", tmp_path / "reward.py", model / "config.json",
+                    tmp_path / "my_reward_mod.py"):
+        text = changed.read_text()
+        changed.write_text(text.replace("1", "7") if "1" in text else text + " ")
+        after = dict(ex.run_inputs(values, tmp_path))
+        assert [path for path, value in before if after[path] != value] == [
+            str(changed if changed.parent != model else model)], changed
+        changed.write_text(text)
+    assert ex.run_inputs(values, tmp_path) == before
+
+
+def _spec_with_run(tmp_path: Path, *, inputs, steps: int, ran_steps: int, record=None) -> ex.RunSpec:
+    """A planned run (hash of a config text, `inputs`, `steps`) and a directory holding a completed run of that
+    config that made `ran_steps` steps, with `record` as its inputs record (None: none written)."""
+    config = "seed: 0\n"
+    spec = ex.RunSpec(ex.Arm("hacpo", ()), 0, tmp_path / "runs" / "hacpo" / "seed0",
+                      config_hash=ex.config_hash(ex.resolved_values(config)), inputs=inputs, steps=steps)
+    spec.run_dir.mkdir(parents=True)
+    spec.config_path.write_text(config)
+    (spec.summary_path).write_text(json.dumps({"status": "completed", "steps": ran_steps, "steps_wanted": ran_steps}))
+    if record is not None:
+        spec.inputs_path.write_text(json.dumps({"files": record}))
+    return spec
+
+
+def test_a_run_is_reused_only_when_the_files_it_read_are_unchanged(tmp_path):
+    now = (("/d/train.jsonl", "sha256:new"), ("/r.py", "sha256:same"))
+    spec = _spec_with_run(tmp_path, inputs=now, steps=2, ran_steps=2, record=dict(now))
+    assert spec.state == "finished" and spec.done
+    spec.inputs_path.write_text(json.dumps({"files": {"/d/train.jsonl": "sha256:old", "/r.py": "sha256:same"}}))
+    assert spec.state == "stale" and not spec.done
+    assert spec.input_changes() == "/d/train.jsonl changed"
+    spec.inputs_path.unlink()  # a run made before the record (or by hand): its inputs are unknown
+    assert spec.state == "stale" and "no record of the files it read (seed0.inputs.json)" in spec.input_changes()
+    spec.record_inputs()
+    assert spec.recorded_inputs() == dict(now) and spec.done
+    reads_nothing = _spec_with_run(tmp_path / "other", inputs=(), steps=2, ran_steps=2)
+    assert reads_nothing.done  # nothing read, nothing to have changed
+
+
+def test_a_run_continued_by_hand_past_the_plan_is_neither_reused_nor_overwritten(tmp_path, script_main):
+    script_main("compare")
+    import sys as _sys
+
+    compare = _sys.modules["scripts_compare"]
+    spec = _spec_with_run(tmp_path, inputs=(), steps=1, ran_steps=3, record={})
+    assert spec.state == "extended" and not spec.done and spec.extended_to() == 3
+    assert ex.planned_runs([spec]) == {"hacpo": (0, 1)} and ex.collect_rows([spec]) == []
+    (problem,) = compare.extended_problems([spec])
+    text = str(problem)
+    assert text.startswith("trainer.steps: got 1;") and "\n" not in text
+    assert f"hacpo seed=0 ({spec.run_dir}) was continued by hand to 3 steps" in text
+    assert "trainer.steps=3" in text and f"mv {spec.run_dir} {spec.run_dir}_3steps" in text
+    assert spec.state == "extended"  # untouched: still there to be moved
+
+
+@pytest.mark.slow
+def test_compare_refuses_an_extended_run_and_reruns_one_whose_reward_file_changed(tmp_path, zoo_cache, script_main,
+                                                                                  capsys, monkeypatch):
+    """Two planned runs (seeds 0 and 1) of a code reward named on the command line, their directories holding
+    completed runs of the planned config: seed 0 continued by hand to 3 steps, seed 1 of 1 step whose reward
+    file has since changed in place. compare.py refuses before anything runs (exit 2, one line naming the run,
+    its steps and the fix; nothing written or deleted); with seed 0 moved aside, seed 1 is announced stale,
+    naming the changed file, and its command starts afresh instead of resuming its checkpoint."""
+    from omegaconf import OmegaConf
+
+    from hacrl_lightning.cli import compose_config, hydra_value
+
+    script_main("compare")
+    import sys as _sys
+
+    compare = _sys.modules["scripts_compare"]
+    reward = tmp_path / "reward.py"
+    reward.write_text("def fn(response, gold):\n    return float(gold in response)\n")
+    out = tmp_path / "cmp"
+    training = ["trainer.steps=1", f"data.reward={reward}:fn", f"zoo_cache={zoo_cache}"]
+    args = ["methods=[grpo]", "seeds=[0,1]", *training, f"out={out}"]
+    planned = ex.plan_runs(ex.method_arms(["grpo"]), [0, 1], out)
+    for spec, steps in zip(planned, (3, 1)):
+        _, saved = compose_config(spec.overrides(training, quote=hydra_value), preflight=True)
+        spec.run_dir.mkdir(parents=True)
+        spec.config_path.write_text(OmegaConf.to_yaml(saved, resolve=True))
+        (spec.run_dir / "checkpoints").mkdir()
+        spec.summary_path.write_text(json.dumps({"status": "completed", "steps": steps, "steps_wanted": steps}))
+        spec.inputs_path.write_text(json.dumps({"files": {str(reward): ex.checksum(reward)}}))
+    (out / "runs" / "grpo" / "seed0" / "summary.json").write_text(
+        json.dumps({"status": "completed", "steps": 3, "steps_wanted": 3}))
+    (out / compare.MARKER).write_text("")  # a comparison's folder
+    reward.write_text("def fn(response, gold):\n    return 1.0\n")  # changed in place after seed 1 ran
+    before = {path: path.stat().st_mtime_ns for path in out.rglob("*")}
+
+    with monkeypatch.context() as patch:
+        patch.setattr(subprocess, "Popen", _no_process)
+        assert script_main("compare")(args) == 2
+    err = capsys.readouterr().err
+    assert "1 configuration problem(s):" in err and "Traceback" not in err
+    assert f"grpo seed=0 ({planned[0].run_dir}) was continued by hand to 3 steps" in err and "trainer.steps=3" in err
+    assert {path: path.stat().st_mtime_ns for path in out.rglob("*")} == before  # nothing written, nothing deleted
+
+    planned[0].run_dir.rename(planned[0].run_dir.with_name("seed0_3steps"))
+    specs, wanted = compare.check_runs(planned, training)
+    assert dict(specs[1].inputs) == {str(reward): ex.checksum(reward)} and specs[1].steps == 1
+    assert [spec.state for spec in specs] == ["unfinished", "stale"]
+    compare._announce(specs, [s for s in specs if not s.done], out, wanted)
+    console = capsys.readouterr().out
+    assert f"stale  grpo seed=1: read other file contents ({reward} changed); re-running it from the start" in console
+    command = compare.command(specs[1], training)
+    assert "overwrite=true" in command and not any(arg.startswith("resume=") for arg in command)
+    specs[1].record_inputs()
+    assert specs[1].recorded_inputs() == {str(reward): ex.checksum(reward)}
