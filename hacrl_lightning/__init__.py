@@ -10,7 +10,8 @@ light module such as `hacrl_lightning.config`, imports neither torch, Lightning 
 modules: `config` (typed configs, value checks), `errors`, `presets` (algorithms by name),
 `preflight` (name, file and tokenizer checks), `hub` (the model hub as this machine sees it),
 `cli` (Hydra composition, the only module that imports Hydra), `entry` (the console scripts),
-`agents`, `rollout`, `rewards`, `data`, `algorithms` (pure tensor functions), `reference` (one HACPO
+`agents`, `rollout`, `exchange` (responses between agents: each learner's token view of them), `rewards`,
+`data`, `algorithms` (pure tensor functions), `reference` (one HACPO
 step top to bottom in plain PyTorch + transformers: read it first), `plan` (a step's global
 plan of mini-batches), `memory` (the per-GPU memory plan of a run), `loss_stats` (loss metrics reduced
 over micro-batches and ranks), `step` (a training step's contract: `PromptBatch`, `StepBatch`),
@@ -51,9 +52,9 @@ _EXPORTS: dict[str, str] = {
     # the parts
     "Agent": "hacrl_lightning.agents",
     "AgentLoadError": "hacrl_lightning.agents",
-    "Rollout": "hacrl_lightning.agents",
-    "make_rollouts": "hacrl_lightning.agents",
-    "view_for": "hacrl_lightning.agents",
+    "Rollout": "hacrl_lightning.exchange",
+    "make_rollouts": "hacrl_lightning.exchange",
+    "view_for": "hacrl_lightning.exchange",
     "Generation": "hacrl_lightning.rollout",
     "SamplingSettings": "hacrl_lightning.rollout",
     "make_engine": "hacrl_lightning.rollout",

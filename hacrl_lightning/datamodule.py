@@ -7,7 +7,7 @@ which makes the step there, after the previous step's update and weight sync (it
 so rollouts are strictly on-policy (docs/engineering.md §5), and before the callbacks' and the module's
 `on_train_batch_start`: data flows DataModule -> callbacks -> module (docs/training.md).
 `rollout` generates with every agent's engine, decodes, scores once, gathers every rank's share,
-and builds each learner's token view (`agents/exchange.py`): the module receives the step whole
+and builds each learner's token view (`exchange.py`): the module receives the step whole
 and only trains. Engines are built in `setup`, after the process group exists. Held-out evaluation
 generates here and scores with `evaluation.answer_rewards`. Deliberately not here: forward passes,
 advantages and optimizer steps (the module), the step's omega and clip bounds (callbacks), and the
@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from hacrl_lightning.agents.agent import Agent
-from hacrl_lightning.agents.exchange import AgentView, Rollout, make_rollouts, view_for
+from hacrl_lightning.exchange import AgentView, Rollout, make_rollouts, view_for
 from hacrl_lightning.config import DataConfig, RolloutConfig
 from hacrl_lightning.data.filters import drop_overlong_prompts, keep_fitting, prompt_lengths
 from hacrl_lightning.data.records import Example, PromptDataset

@@ -19,7 +19,7 @@ diagnostic `grad_share.py`.
 
 Metrics reach the loggers one way: `report()`, used by the module and by the callbacks, and written
 once per step. Deliberately not here: sampling, rewards and retokenization (the DataModule and
-`agents/exchange.py`), the math (`algorithms/`), the capability window's state and the clip schedule
+`exchange.py`), the math (`algorithms/`), the capability window's state and the clip schedule
 (their callbacks own them and hand the step's values forward), and checkpoint/eval/sync policy (callbacks).
 """
 
@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from hacrl_lightning.agents.agent import Agent, first_target_column
-from hacrl_lightning.agents.exchange import AgentView
+from hacrl_lightning.exchange import AgentView
 from hacrl_lightning.agents.lora import adapter_disabled, is_lora, trainable_parameters
 from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, sequence_mean_logp, step_accuracy
 from hacrl_lightning.config import AlgorithmConfig, parse_cross_samples

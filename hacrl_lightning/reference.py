@@ -7,7 +7,7 @@ log-probs). Then each learner makes one AdamW update per mini-batch of its rows,
 `HACRLModule.training_step` does the same through Lightning; tests/test_reference.py checks that one step
 here makes the framework's update, and the bare loop of `bench.py step` runs this step. The math is the
 repo's pure functions (`hacrl_lightning.algorithms`), the rollout records and token views come from
-`agents/exchange.py`, and the engines are the framework's (`rollout/`).
+`exchange.py`, and the engines are the framework's (`rollout/`).
 
 Deliberately not here: Lightning, data parallelism and FSDP, micro-batching (one forward pass per
 mini-batch), devices other than the CPU (tensors stay where `view_for` makes them), the KL reference
@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 
 from hacrl_lightning.agents.agent import Agent
-from hacrl_lightning.agents.exchange import AgentView, Rollout, make_rollouts, view_for
+from hacrl_lightning.exchange import AgentView, Rollout, make_rollouts, view_for
 from hacrl_lightning.agents.lora import trainable_parameters
 from hacrl_lightning.algorithms import (CapabilityWindow, compute_advantages, cross_clip_lower, hacpo_loss,
                                         sequence_mean_logp, step_accuracy)

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from hacrl_lightning.agents.exchange import AgentView, Rollout
+from hacrl_lightning.exchange import AgentView, Rollout
 from hacrl_lightning.data.records import Example
 
 __all__ = ["PromptBatch", "StepBatch", "step_seed"]

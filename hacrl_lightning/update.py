@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator, Optional
 import torch
 from torch import Tensor
 
-from hacrl_lightning.agents.exchange import AgentView
+from hacrl_lightning.exchange import AgentView
 
 __all__ = ["LearnerTables", "MicroBatch", "total_grad_norm", "loss_inputs", "micro_batches"]
 

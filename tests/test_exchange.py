@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hacrl_lightning.agents import Agent
-from hacrl_lightning.agents.exchange import Rollout, make_rollouts, view_for
+from hacrl_lightning.exchange import Rollout, make_rollouts, view_for
 from hacrl_lightning.config import DataConfig
 from hacrl_lightning.data import TASK_ALPHABET, synthetic_examples
 

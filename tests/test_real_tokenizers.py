@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from hacrl_lightning.agents import Agent, zoo
 from hacrl_lightning.agents import wheels
-from hacrl_lightning.agents.exchange import make_rollouts, view_for
+from hacrl_lightning.exchange import make_rollouts, view_for
 from hacrl_lightning.agents.tokenizers import RegistryTokenizerSpec
 from hacrl_lightning.data.benchmarks import load_benchmark
 from hacrl_lightning.data.tasks import load_task, task_check_texts

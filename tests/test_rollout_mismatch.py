@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from hacrl_lightning.agents.exchange import Rollout, view_for
+from hacrl_lightning.exchange import Rollout, view_for
 from hacrl_lightning.algorithms import hacpo_loss, truncated_is_weight
 from hacrl_lightning.cli import compose_config
 from hacrl_lightning.config import AlgorithmConfig

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from hacrl_lightning.agents.exchange import make_rollouts, view_for
+from hacrl_lightning.exchange import make_rollouts, view_for
 from hacrl_lightning.algorithms import hacpo_loss
 from hacrl_lightning.config import DataConfig
 from hacrl_lightning.data import synthetic_examples

@@ -108,7 +108,7 @@ def measure(source, learner, texts: list[str]) -> list[dict]:
     from dataclasses import replace
 
     from hacrl_lightning.agents import Agent
-    from hacrl_lightning.agents.exchange import make_rollouts, view_for
+    from hacrl_lightning.exchange import make_rollouts, view_for
     from hacrl_lightning.data.records import Example
     from hacrl_lightning.rollout.engine import Generation
 

@@ -7,7 +7,7 @@ examples and a count of what was dropped, and raises a `ConfigError` naming the 
 when nothing is left. Deliberately not here: when it runs and where the count is shown (the
 DataModule's `setup`, `training.make_summary`), gold answers a reward cannot score
 (`rewards.exclude_unscorable`), and the run-time left-truncation of `data.filter_overlong_prompts=false`
-(`agents/exchange.py`).
+(`exchange.py`).
 """
 
 from __future__ import annotations
