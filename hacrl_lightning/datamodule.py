@@ -135,7 +135,7 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def __init__(self, agents: dict[str, Agent], *, train_set: PromptDataset, eval_set: PromptDataset,
                  data: DataConfig, rollout: RolloutConfig, responses_per_prompt: int, share_rollouts: bool,
-                 steps: int, seed: int, engine_dir: Path, engine_logprobs: bool = False, mismatch_every: int = 1,
+                 steps: int, seed: int, engine_dir: Path, engine_logprobs: bool, mismatch_every: int,
                  placement: Placement | None = None, residency: Residency | None = None):
         super().__init__()
         self.residency = residency or Residency(enabled=False)

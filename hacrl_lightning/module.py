@@ -98,7 +98,7 @@ class UpdateSettings:
     """`trainer.precision`: how agents and KL references are sharded under FSDP (bf16-mixed or 32-true)."""
     seed: int
     """The run seed: each learner's mini-batch order is drawn from (seed, step, learner)."""
-    diagnostics_every: int = 0
+    diagnostics_every: int
     """`trainer.diagnostics_every`: measure the gradient share of cross responses on the every-th step (0: never)."""
 
 

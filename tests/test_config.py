@@ -188,6 +188,28 @@ def test_every_group_file_holds_only_what_it_changes():
     assert not same, f"configs/evaluate/evaluate.yaml: {same} repeat the defaults of EvaluateConfig: delete them"
 
 
+def test_what_the_config_builds_takes_each_setting_without_a_default_of_its_own():
+    """A setting's default is declared once, in `hacrl_lightning.config`. An object the run builds from it (the
+    update's settings, the DataModule, the module) takes the value without a default of its own: a second default
+    (`UpdateSettings.diagnostics_every` 0 against the config's 10, the DataModule's `mismatch_every` 1 against 10)
+    is what a direct caller silently gets instead."""
+    import inspect
+    import typing
+
+    from hacrl_lightning.config import DataConfig, RolloutConfig, TrainerConfig
+    from hacrl_lightning.datamodule import RolloutDataModule
+    from hacrl_lightning.module import HACRLModule, UpdateSettings
+
+    settings = {f.name for cls in (TrainerConfig, RolloutConfig, DataConfig, TrainConfig) for f in fields(cls)}
+    for built in (UpdateSettings, RolloutDataModule.__init__, HACRLModule.__init__):
+        hints = typing.get_type_hints(built)
+        for name, parameter in inspect.signature(built).parameters.items():
+            if name in settings and hints.get(name) in (int, float, str, bool):
+                assert parameter.default is inspect.Parameter.empty, (
+                    f"{built.__qualname__}({name}={parameter.default!r}): a second default of a setting; "
+                    "take it from the config only")
+
+
 def test_every_experiment_holds_only_what_it_changes():
     """An experiment's values differ from what its group choices compose to without them. Its per-agent
     values are left out: they state the recipe's settings for the agents of the list (issue 39 makes them

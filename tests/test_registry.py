@@ -149,3 +149,20 @@ def test_no_adv_changes_the_baseline_only():
                                compute_advantages(rewards, ones, **no_adv.advantage_settings()))
     assert not torch.allclose(compute_advantages(rewards, unequal, **hacpo.advantage_settings()),
                               compute_advantages(rewards, unequal, **no_adv.advantage_settings()))
+
+
+@pytest.mark.parametrize("register, table", [
+    ("register_ratio_level", "RATIO_TERMS"), ("register_cross_loss", "CROSS_TERMS"), ("register_reward", "REWARDS")])
+def test_a_registry_refuses_a_taken_name_and_keeps_its_function(register, table):
+    """Every registry of named choices (the loss's ratio levels and cross terms, the rewards) refuses a second
+    function under a taken name, naming the holder, and keeps the first; the same function again is a no-op."""
+    from hacrl_lightning.algorithms import objective
+    from hacrl_lightning.rewards import registry
+
+    module = objective if hasattr(objective, register) else registry
+    holders = getattr(module, table)
+    name, first = next(iter(holders.items()))
+    with pytest.raises(ValueError, match=rf"{name!r} is already registered to {first.__qualname__}; pick another"):
+        getattr(module, register)(name)(lambda *args: None)
+    assert holders[name] is first
+    assert getattr(module, register)(name)(first) is first and holders[name] is first

@@ -67,10 +67,18 @@ CROSS_TERMS: Dict[str, CrossTerm] = {}
 Metrics = Dict[str, Tensor]
 
 
+def _register(table: Dict[str, Callable], kind: str, name: str, fn: Callable) -> None:
+    """`table[name] = fn`, refusing a name that another function holds (a second registration would silently
+    change what every run of that name computes); registering the same function again is a no-op."""
+    if table.get(name, fn) is not fn:
+        raise ValueError(f"{kind} {name!r} is already registered to {table[name].__qualname__}; pick another name")
+    table[name] = fn
+
+
 def register_ratio_level(name: str) -> Callable[[LossTerm], LossTerm]:
     """Register the policy term of ratio level `name` (`ratio_level`; verl's `register_policy_loss`)."""
     def add(fn: LossTerm) -> LossTerm:
-        RATIO_TERMS[name] = fn
+        _register(RATIO_TERMS, "ratio level", name, fn)
         return fn
     return add
 
@@ -78,7 +86,7 @@ def register_ratio_level(name: str) -> Callable[[LossTerm], LossTerm]:
 def register_cross_loss(name: str) -> Callable[[CrossTerm], CrossTerm]:
     """Register the cross term `name` (`cross_loss`): what partners' responses contribute at sequence level."""
     def add(fn: CrossTerm) -> CrossTerm:
-        CROSS_TERMS[name] = fn
+        _register(CROSS_TERMS, "cross loss", name, fn)
         return fn
     return add
 
