@@ -488,6 +488,12 @@ class TrainerConfig:
     """Devices (GPUs, or CPU processes) per node: the data-parallel ranks of one node."""
     num_nodes: int = 1
     """Machines of a multi-node run (each with `devices` ranks)."""
+
+    @property
+    def world_size(self) -> int:
+        """The run's ranks: `devices` on each of `num_nodes` machines (the one place this product is taken)."""
+        return self.devices * self.num_nodes
+
     strategy: str = "auto"
     """`auto` (single device), `single`, or `fsdp` (ModelParallelStrategy with per-agent FSDP2)."""
     precision: str = "32-true"

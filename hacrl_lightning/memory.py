@@ -489,7 +489,7 @@ def compute_bytes(cfg: TrainConfig) -> int:
 
 def shard_world(cfg: TrainConfig) -> int:
     """The ranks FSDP2 shards each agent over (`strategies.make_strategy`): devices x nodes under fsdp."""
-    return cfg.trainer.devices * cfg.trainer.num_nodes if cfg.trainer.strategy == "fsdp" else 1
+    return cfg.trainer.world_size if cfg.trainer.strategy == "fsdp" else 1
 
 
 def logits_peak(arch: Architecture, rows: int, tokens: int, c: int) -> int:
@@ -563,7 +563,7 @@ def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int
     trained_shard = math.ceil(trained / world)
     tokens = agent.max_prompt_len + agent.max_response_len
     rows = cfg.trainer.micro_batch_size
-    ranks = world if cfg.trainer.placement == "split" else cfg.trainer.devices * cfg.trainer.num_nodes
+    ranks = world if cfg.trainer.placement == "split" else cfg.trainer.world_size
     rows_local = max(1, cfg.data.prompts_per_step // ranks) * cfg.responses_per_prompt
     return AgentMemory(
         name=name, parameters=params, trainable=trained, master_weights=4 * shard, gradients=4 * trained_shard,

@@ -27,7 +27,7 @@ __all__ = ["CPU_ENGINES_SHARE", "DEFAULT_SHARE", "Placement", "engine_shares", "
 
 
 def _world(cfg) -> int:
-    return cfg.trainer.devices * cfg.trainer.num_nodes
+    return cfg.trainer.world_size
 
 
 def split_problems(cfg) -> list[tuple[str, Any, str, str]]:

@@ -20,7 +20,7 @@ def make_strategy(cfg: TrainerConfig):
     `placement=split`)."""
     if cfg.strategy == "fsdp":
         kind = SplitStrategy if cfg.placement == "split" else ModelParallelStrategy
-        return kind(data_parallel_size=cfg.devices * cfg.num_nodes, tensor_parallel_size=1)
+        return kind(data_parallel_size=cfg.world_size, tensor_parallel_size=1)
     return "auto"
 
 
