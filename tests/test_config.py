@@ -210,6 +210,18 @@ def test_what_the_config_builds_takes_each_setting_without_a_default_of_its_own(
                     "take it from the config only")
 
 
+def test_experiments_do_not_repeat_each_other():
+    """A block two experiment files would both state (the recipe's seed, agent settings, KL, rollout and trainer
+    sizes) lives once in configs/recipe/ and is included from there; each experiment keeps its own agents and its
+    pair's Table 5 values (two pairs may have equal ones)."""
+    import itertools
+
+    bodies = {path.name: yaml.safe_load(path.read_text()) or {} for path in sorted((CONFIG_DIR / "experiment").glob("*.yaml"))}
+    for (a, body_a), (b, body_b) in itertools.combinations(bodies.items(), 2):
+        repeated = sorted(key for key, value in body_a.items() if key not in ("defaults", "pair") and body_b.get(key) == value)
+        assert not repeated, f"configs/experiment/{a} and {b} both state {repeated}: move them to a configs/recipe/ file"
+
+
 def test_every_experiment_holds_only_what_it_changes():
     """An experiment's values differ from what its group choices compose to without them. Its per-agent
     values are left out: they state the recipe's settings for the agents of the list (issue 39 makes them
