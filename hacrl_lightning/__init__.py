@@ -13,9 +13,10 @@ modules: `config` (typed configs, value checks), `errors`, `presets` (algorithms
 `agents`, `rollout`, `exchange` (responses between agents: each learner's token view of them), `rewards`,
 `data`, `algorithms` (pure tensor functions), `reference` (one HACPO
 step top to bottom in plain PyTorch + transformers: read it first), `plan` (a step's global
-plan of mini-batches), `memory` (the per-GPU memory plan of a run), `loss_stats` (loss metrics reduced
+plan of mini-batches and each rank's passes), `memory` (the per-GPU memory plan of a run), `loss_stats` (loss metrics reduced
 over micro-batches and ranks), `step` (a training step's contract: `PromptBatch`, `StepBatch`),
-`update` (the update's micro-batch passes and loss inputs), `placement` (which agents live on which ranks),
+`step_metrics` (a step's scalars, pure),
+`update` (a micro-batch's loss inputs), `placement` (which agents live on which ranks),
 `offload` (an idle agent's training state in host memory), `grad_share` (the gradient-share
 diagnostic), `files` (durable atomic writes), `safe_load` (checkpoints and YAML from others, read without running
 their code), `failures` (faults that end a run in one line), `module`, `datamodule`, `callbacks`, `strategies`, `training` (one run,

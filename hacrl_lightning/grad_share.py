@@ -4,7 +4,7 @@
 At the weights the step starts from, the step's gradient g = Σ_m ∇ loss_m (every mini-batch, each
 normalised as in the update) splits exactly into g_self (own responses' terms and the KL) and
 g_cross (partners' terms); each is accumulated by its own backward passes over the same
-micro-batches (`update.micro_batches`), its norm taken with the clip's utility (global under FSDP),
+passes (`StepPlan.passes`), its norm taken with the clip's utility (global under FSDP),
 and
 
     cross_grad_share = ‖g_cross‖ / (‖g_self‖ + ‖g_cross‖)   in [0, 1]; 0.5: equal magnitudes
@@ -25,8 +25,8 @@ from typing import Callable
 
 from torch import Tensor
 
-from hacrl_lightning.plan import StepPlan
-from hacrl_lightning.update import MicroBatch, micro_batches, total_grad_norm
+from hacrl_lightning.plan import MicroBatch, StepPlan
+from hacrl_lightning.update import total_grad_norm
 
 __all__ = ["measure_grad_share"]
 
@@ -50,7 +50,7 @@ def measure_grad_share(name: str, params: list[Tensor], plan: StepPlan, is_own: 
         for m, mini in enumerate(plan.mini_batches):
             if not bool(holds[mini].any()):  # the global mini-batch: every rank skips it alike
                 continue
-            for micro in micro_batches(plan.micro_batches(m, micro_batch_size), stand_in=mini[:1]):
+            for micro in plan.passes(m, micro_batch_size):
                 backward_pass(m, micro, part)
         norms[part] = float(total_grad_norm(params))
         if part == "self":

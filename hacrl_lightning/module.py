@@ -13,9 +13,10 @@ global mini-batch, so an update is the one a single device would make on the who
 hold only the learner's own responses, so one run compares like with like. A non-finite loss or
 gradient skips that learner's update, leaving its weights and optimizer state as they were; any other
 exception in an update ends the run naming the agent and the setting (`UpdateFailed`); the step's
-metrics count degenerate rollouts (docs/reliability.md). The update's stateless parts (the micro-batch
-passes and their zero-weight rule, a micro-batch's loss inputs) are `update.py`, the gradient-share
-diagnostic `grad_share.py`.
+metrics count degenerate rollouts (docs/reliability.md). The passes each rank runs (rows, zero-weight
+stand-ins, the pass count) are the plan's (`plan.py`); the update's stateless parts (a source's scores of
+its own rows, a micro-batch's loss inputs) are `update.py`, the step's scalars `step_metrics.py`, the
+gradient-share diagnostic `grad_share.py`.
 
 Metrics reach the loggers one way: `report()`, used by the module and by the callbacks, and written
 once per step. Deliberately not here: sampling, rewards and retokenization (the DataModule and
@@ -25,7 +26,6 @@ once per step. Deliberately not here: sampling, rewards and retokenization (the 
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -39,7 +39,7 @@ from torch import nn
 from hacrl_lightning.agents.agent import Agent, first_target_column
 from hacrl_lightning.exchange import AgentView
 from hacrl_lightning.agents.lora import adapter_disabled, is_lora, trainable_parameters
-from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, sequence_mean_logp, step_accuracy
+from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, step_accuracy
 from hacrl_lightning.config import AlgorithmConfig, parse_cross_samples
 from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.failures import checkpoints_note, is_out_of_memory
@@ -47,9 +47,10 @@ from hacrl_lightning.grad_share import measure_grad_share
 from hacrl_lightning.loss_stats import LossStats
 from hacrl_lightning.offload import Residency
 from hacrl_lightning.placement import Placement
-from hacrl_lightning.plan import StepPlan, learner_order
+from hacrl_lightning.plan import MicroBatch, StepPlan, learner_order
 from hacrl_lightning.step import StepBatch, step_seed
-from hacrl_lightning.update import LearnerTables, MicroBatch, loss_inputs, micro_batches, source_span, total_grad_norm
+from hacrl_lightning.step_metrics import clip_metrics, mismatch_metrics, rollout_metrics, view_metrics
+from hacrl_lightning.update import LearnerTables, loss_inputs, score_own_rows, source_span, total_grad_norm
 
 
 class NonFiniteError(RunFailed):
@@ -100,6 +101,32 @@ class UpdateSettings:
     """The run seed: each learner's mini-batch order is drawn from (seed, step, learner)."""
     diagnostics_every: int
     """`trainer.diagnostics_every`: measure the gradient share of cross responses on the every-th step (0: never)."""
+
+
+def count_faults(streaks: dict[str, int], counters: dict[str, dict], name: str, step: int, skipped: list[int], *,
+                 limit: int, warn: bool) -> None:
+    """Record this step's skipped updates of `name` (its streak of faulty steps in a row, its counter), warning
+    where `warn` (one rank of its group)."""
+    if not skipped:
+        streaks[name] = 0
+        return
+    counters[name]["skipped_updates"] += len(skipped)
+    streak = streaks[name] = streaks[name] + 1
+    if warn:
+        warnings.warn(f"agent {name!r}: non-finite loss or gradient at step {step} (mini-batches {skipped}); "
+                      f"those updates were skipped, its weights and optimizer state are unchanged "
+                      f"({streak} faulty step(s) in a row; trainer.max_nonfinite_skips={limit})", UserWarning)
+
+
+def stop_if_faulty(streaks: dict[str, int], step: int, *, limit: int) -> None:
+    """End the run when an agent skipped updates in more steps in a row than `trainer.max_nonfinite_skips`
+    (every rank decides alike: the streaks are every agent's, gathered from the groups under `split`)."""
+    for name, streak in streaks.items():
+        if streak > limit:
+            raise NonFiniteError(
+                f"agent {name!r}: non-finite loss or gradient in {streak} steps in a row (last: step {step}), more "
+                f"than trainer.max_nonfinite_skips={limit}. Fix: lower agents.{name}.lr, check the data and "
+                f"agents.{name}.dtype (float16 overflows), then resume from the last checkpoint (resume=<run dir>)")
 
 
 def _detach_mean(values: list[torch.Tensor]) -> float:
@@ -260,9 +287,9 @@ class HACRLModule(pl.LightningModule):
                                            old_mean=old_mean, old_tokens=old_tokens[name], omega=omega,
                                            ref_tokens=ref_tokens.get(name), rewards=data.rewards.flatten())
             metrics.update(self._update_or_fail(k, name, data.views[name], plans[name], tables, lowers, grad_share))
-        metrics.update(self._view_metrics(data.views))
+        metrics.update(view_metrics(data.views))
         metrics = self._from_groups(metrics)  # split: every agent's figures, from its group
-        self._stop_if_faulty(step)
+        stop_if_faulty(self.fault_streak, step, limit=self.settings.max_nonfinite_skips)
         mini_batches = {name: int(metrics[f"{name}/mini_batches"]) for name in self.names}
         metrics.update(self.loss_stats.compute(mini_batches))  # over all ranks
         self.loss_stats.reset()
@@ -272,8 +299,9 @@ class HACRLModule(pl.LightningModule):
         # 7. weight sync runs in WeightSyncCallback; metrics
         self.steps_done += 1
         self._phase("logging")
-        metrics.update(self._rollout_metrics(data, step_accuracy(data.rewards), omega))
-        metrics.update(self._clip_metrics(lowers, mini_batches))
+        metrics.update(rollout_metrics(self.names, data, step_accuracy(data.rewards), omega,
+                                       share_rollouts=self.alg.share_rollouts))
+        metrics.update(clip_metrics(lowers, mini_batches))
         metrics.update(mismatch)
         metrics.update({"time/rollout": data.timings["rollout"], "time/reward": data.timings["reward"],
                         "time/exchange": data.timings["exchange"], "time/old_logprobs": old_s,
@@ -324,13 +352,6 @@ class HACRLModule(pl.LightningModule):
         except Exception as err:  # noqa: BLE001 - any fault of an update ends the run naming the agent
             raise update_failed(name, self.steps_done, err, self.agents[name].cfg, self.settings.micro_batch_size,
                                 self.trainer.default_root_dir) from err
-
-    @staticmethod
-    def _clip_metrics(lowers: tuple[float, ...], mini_batches: dict[str, int]) -> dict[str, float]:
-        """The first and the last cross lower bound a mini-batch of this step trained with (`mini_batches`:
-        every learner's count, from every group under `split`)."""
-        used = max(mini_batches.values(), default=0)
-        return {"clip/cross_lower_first": lowers[0], "clip/cross_lower_last": lowers[used - 1]} if used else {}
 
     def _record(self, step: int, metrics: dict[str, float]) -> None:
         """Keep the step's scalars (`last_metrics`, the diagnostics' history for the summary) and report them."""
@@ -403,57 +424,40 @@ class HACRLModule(pl.LightningModule):
         old_tokens, ref_tokens = {}, {}
         diffs = torch.zeros(len(self.names), 3, dtype=torch.float64)                       # [n, (sum, count, max)]
         for name in self.local:
+            view, k = views[name], self.names.index(name)
             try:
                 with self.residency.resident(name, reference=True):
-                    self._old_logprobs_of(name, views[name], plans[name], old_mean, old_tokens, ref_tokens, diffs)
+                    scores = score_own_rows(self.agents[name], view,
+                                            plans[name].passes_where(view.is_own, self.settings.micro_batch_size),
+                                            device=self.device, reference=self._reference_of(name))
             except Exception as err:  # noqa: BLE001 - an allocation failure is said in one line; others raise
                 if not is_out_of_memory(err):
                     raise
                 raise update_failed(name, self.steps_done, err, self.agents[name].cfg, self.settings.micro_batch_size,
                                     self.trainer.default_root_dir, phase="forward pass scoring its responses (old log-probs)"
                                     ) from err
+            old_tokens[name], diffs[k] = scores.tokens, scores.engine_diff
+            if scores.reference is not None:
+                ref_tokens[name] = scores.reference
+            old_mean[view.row_idx[scores.scored]] = scores.mean[scores.scored]
         return self._sum_over_ranks(old_mean), old_tokens, ref_tokens, self._mismatch_metrics(diffs)
 
-    def _old_logprobs_of(self, name: str, view: AgentView, plan: StepPlan, old_mean: torch.Tensor,
-                         old_tokens: dict, ref_tokens: dict, diffs: torch.Tensor) -> None:
-        """`_old_logprobs` for source `name`: fills its rows of `old_mean`, its `old_tokens` / `ref_tokens` and
-        its row of `diffs`."""
+    def _reference_of(self, name: str):
+        """`token_logprobs` of `name`'s KL reference (its frozen copy; under LoRA its base model, the adapter off),
+        or None without a KL term."""
         agent = self.agents[name]
-        old_tokens[name] = torch.zeros(view.input_ids.shape)                            # [B, T]
-        has_reference = name in self.references or name in self.adapter_references
-        if has_reference:
-            ref_tokens[name] = torch.zeros(view.input_ids.shape)
-        pieces = plan.micro_batches_where(view.is_own, self.settings.micro_batch_size)
-        for micro_batch in micro_batches(pieces, stand_in=torch.nonzero(view.is_own).flatten()[:1]):
-            batch_rows = micro_batch.rows
-            micro = view.select(batch_rows).to(self.device)
-            scored = dict(temperature=agent.cfg.temperature, first_target=first_target_column(micro.loss_mask))
-            logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, **scored)  # [b, T], 0 before responses
-            ref = None
-            if name in self.references:
-                ref = self.references[name].token_logprobs(micro.input_ids, micro.attention_mask, **scored)
-            elif has_reference:  # LoRA: the base model is the reference
-                with adapter_disabled(agent.model):
-                    ref = agent.token_logprobs(micro.input_ids, micro.attention_mask, **scored)
-            if not micro_batch.counts:  # a forward all the same: FSDP's collectives
-                continue
-            old_tokens[name][batch_rows, : logp.shape[1]] = logp.float().cpu()
-            known = micro.loss_mask & torch.isfinite(micro.engine_logp)                # [b, T]
-            if bool(known.any()):  # the engine reported its log-probs (vLLM): |engine - trainer| per token
-                diff = (logp.float() - micro.engine_logp.float())[known].abs().double().cpu()
-                k = self.names.index(name)
-                diffs[k, 0] += diff.sum()
-                diffs[k, 1] += diff.numel()
-                diffs[k, 2] = max(diffs[k, 2], diff.max())
-            old_mean[view.row_idx[batch_rows]] = sequence_mean_logp(logp, micro.loss_mask).float().cpu()
-            if ref is not None:
-                ref_tokens[name][batch_rows, : ref.shape[1]] = ref.float().cpu()
+        if name in self.references:
+            return self.references[name].token_logprobs
+        if name not in self.adapter_references:
+            return None
+
+        def base(*args, **kwargs):
+            with adapter_disabled(agent.model):
+                return agent.token_logprobs(*args, **kwargs)
+        return base
 
     def _mismatch_metrics(self, diffs: torch.Tensor) -> dict[str, float]:
-        """Rollout/trainer mismatch per agent over the step's sampled tokens, all ranks: mean and max of
-        |log p_engine - log p_trainer| (as verl logs its rollout-probs difference). The engine's log-probs
-        are processed (temperature applied) as the trainer's are; fp32 on CPU reads ~1e-6, a bf16 engine
-        on GPU shows how far the sampler is from the policy. Agents whose engine reported none are left out."""
+        """`step_metrics.mismatch_metrics` of `diffs` [n, (sum, count, max)], summed (the max: reduced) over ranks."""
         diffs = diffs.clone()                                                              # [n, 3]
         maxima = diffs[:, 2].clone()
         diffs[:, 2] = 0.0
@@ -464,9 +468,7 @@ class HACRLModule(pl.LightningModule):
             maxima = maxima.to(self.device)
             dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
             maxima = maxima.cpu()
-        return {key: value for k, name in enumerate(self.names) if diffs[k, 1] > 0
-                for key, value in ((f"{name}/rollout/logp_diff_mean", float(diffs[k, 0] / diffs[k, 1])),
-                                   (f"{name}/rollout/logp_diff_max", float(maxima[k])))}
+        return mismatch_metrics(self.names, diffs[:, :2], maxima)
 
     def update_learner(self, k: int, name: str, view: AgentView, plan: StepPlan, tables: LearnerTables,
                        lowers: tuple[float, ...], *, grad_share: bool = False) -> dict[str, float]:
@@ -493,10 +495,10 @@ class HACRLModule(pl.LightningModule):
             diagnostics = measure_grad_share(name, params, plan, view.is_own, self.settings.micro_batch_size, backward)
             diagnostics[f"time/diagnostics/{name}"] = time.perf_counter() - start
         grad_norms, skipped = [], []
-        for m, mini in enumerate(plan.mini_batches):
+        for m in range(len(plan)):
             opt.zero_grad(set_to_none=True)
             finite_loss = torch.ones((), dtype=torch.bool, device=self.device)
-            for micro_batch in micro_batches(plan.micro_batches(m, self.settings.micro_batch_size), stand_in=mini[:1]):
+            for micro_batch in plan.passes(m, self.settings.micro_batch_size):
                 loss, metrics, micro = self._backward(agent, view, plan, tables, lowers, m, micro_batch)
                 finite_loss &= torch.isfinite(loss.detach())
                 if micro_batch.counts:
@@ -513,7 +515,8 @@ class HACRLModule(pl.LightningModule):
             self.counters[name]["optimizer_updates"] += 1
         order = plan.rows
         self.counters[name]["responses_trained"] += len(order)
-        self._count_faults(name, self.steps_done, skipped)
+        count_faults(self.fault_streak, self.counters, name, self.steps_done, skipped,
+                     limit=self.settings.max_nonfinite_skips, warn=self._group(name)[0] == 0)
         return {**diagnostics, f"{name}/grad_norm": _detach_mean(grad_norms), f"{name}/updates": float(len(grad_norms)),
                 f"{name}/skipped_updates": float(len(skipped)), f"{name}/mini_batches": float(len(plan)),
                 f"{name}/degenerate/zero_adv_frac":
@@ -527,40 +530,12 @@ class HACRLModule(pl.LightningModule):
         micro = view.select(micro_batch.rows).to(self.device)
         logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature,
                                     first_target=first_target_column(micro.loss_mask))                        # [b, T]
-        own_passes = math.ceil(len(plan.share(m)) / self.settings.micro_batch_size)   # this rank's, no stand-ins
-        ranks = self._group(agent.name)[1]
-        micro_batch_count = max(1, own_passes) * ranks
         inputs = loss_inputs(view, micro, micro_batch.rows, plan.mini_batches[m], logp, tables, cross_lower=lowers[m],
                              loss_scale_factor=float(agent.cfg.max_response_len),
-                             engine_logp=self.alg.rollout_is_cap > 0, part=part, micro_batches=micro_batch_count)
+                             engine_logp=self.alg.rollout_is_cap > 0, part=part, micro_batches=micro_batch.passes)
         loss, metrics = hacpo_loss(**self.loss_settings, **inputs)
-        self.manual_backward(loss * (micro_batch.weight * float(ranks)))
+        self.manual_backward(loss * (micro_batch.weight * float(plan.world)))  # FSDP averages over the plan's ranks
         return loss, metrics, micro
-
-    def _count_faults(self, name: str, step: int, skipped: list[int]) -> None:
-        """Warn about this step's skipped updates of `name`; stop the run after too many faulty steps in a row."""
-        if not skipped:
-            self.fault_streak[name] = 0
-            return
-        self.counters[name]["skipped_updates"] += len(skipped)
-        streak = self.fault_streak[name] = self.fault_streak[name] + 1
-        limit = self.settings.max_nonfinite_skips
-        if self._group(name)[0] == 0:
-            warnings.warn(f"agent {name!r}: non-finite loss or gradient at step {step} (mini-batches {skipped}); "
-                          f"those updates were skipped, its weights and optimizer state are unchanged "
-                          f"({streak} faulty step(s) in a row; trainer.max_nonfinite_skips={limit})", UserWarning)
-
-    def _stop_if_faulty(self, step: int) -> None:
-        """End the run when an agent skipped updates in more steps in a row than `trainer.max_nonfinite_skips`
-        (every rank decides alike: the streaks are every agent's, `_from_groups`)."""
-        limit = self.settings.max_nonfinite_skips
-        for name in self.names:
-            streak = self.fault_streak[name]
-            if streak > limit:
-                raise NonFiniteError(
-                    f"agent {name!r}: non-finite loss or gradient in {streak} steps in a row (last: step {step}), more "
-                    f"than trainer.max_nonfinite_skips={limit}. Fix: lower agents.{name}.lr, check the data and "
-                    f"agents.{name}.dtype (float16 overflows), then resume from the last checkpoint (resume=<run dir>)")
 
     def _finite_on_every_rank(self, finite: torch.Tensor, name: str) -> bool:
         """True when no rank of `name`'s group saw a non-finite loss or gradient (its ranks then skip or step
@@ -581,39 +556,6 @@ class HACRLModule(pl.LightningModule):
         total = values.to(self.device)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total.to(values.device)
-
-    def _rollout_metrics(self, data: StepBatch, acc: torch.Tensor, omega: torch.Tensor) -> dict[str, float]:
-        """Rewards, accuracy, lengths and omega of the global batch (every rank holds all of it)."""
-        metrics = {}
-        for j, name in enumerate(self.names):
-            own = [r for r in data.rollouts if r.source == name]
-            lengths = [len(r.token_ids) for r in own]
-            truncated = [r.finish_reason == "length" for r in own]
-            metrics[f"{name}/reward"] = float(data.rewards[:, j].mean())
-            metrics[f"{name}/acc"] = float(acc[j])
-            metrics[f"{name}/resp_len"] = sum(lengths) / max(1, len(lengths))
-            metrics[f"{name}/truncated_frac"] = sum(truncated) / max(1, len(truncated))
-            metrics[f"{name}/degenerate/empty_frac"] = sum(not r.response for r in own) / max(1, len(own))
-            for term in (own[0].reward_parts or {}) if own else ():  # a sum of rewards: each term (`data.rewards`)
-                metrics[f"{name}/reward/{term}"] = sum(r.reward_parts[term] for r in own) / len(own)
-            for i, partner in enumerate(self.names):
-                if i != j and self.alg.share_rollouts:
-                    metrics[f"{name}/omega/{partner}"] = float(omega[i, j])  # factor on learner j's cross term from i
-        tokens = sum(len(r.token_ids) for r in data.rollouts)
-        metrics["throughput/rollout_tokens_per_s"] = tokens / max(data.timings["rollout"], 1e-9)
-        joint = data.rewards.flatten(1)                                                     # [P, n*G]
-        metrics["rollout/equal_reward_frac"] = float((joint == joint[:, :1]).all(-1).float().mean())  # A = 0 there
-        return metrics
-
-    @staticmethod
-    def _view_metrics(views: dict[str, AgentView]) -> dict[str, float]:
-        """What each learner's view had to cut or could not represent (counts of rows, this step)."""
-        metrics = {}
-        for name, view in views.items():
-            metrics[f"{name}/degenerate/prompt_truncated"] = float(view.prompt_truncated.sum())
-            metrics[f"{name}/degenerate/response_truncated"] = float(view.response_truncated.sum())
-            metrics[f"{name}/degenerate/unrepresentable"] = float(view.unrepresentable.sum())
-        return metrics
 
     # -- checkpoint extras ------------------------------------------------------------------------
 

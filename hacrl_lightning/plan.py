@@ -7,12 +7,16 @@ whole step's rollouts (the DataModule gathers them), builds the same plan from t
 trains on its slice of every mini-batch. So the number of updates, the m sequence and the members
 of each mini-batch are the same on 1 rank or 8 (docs/training.md, "The global step plan").
 
-Under FSDP every forward pass is a collective, so every rank must run the same number of micro-batches
-for each mini-batch even when the slices differ by a row: `StepPlan.micro_batches` pads a shorter
-rank's list with empty micro-batches, which the trainer runs as a zero-weight forward/backward.
+The plan also hands out each rank's passes (`StepPlan.passes`, `StepPlan.passes_where`): the rows of
+one forward/backward pass, its weight and the pass count the loss normalises by. Under FSDP every
+forward pass is a collective, so every rank must run the same number of passes for each mini-batch
+even when the slices differ by a row: a shorter rank's list ends with zero-weight passes over a
+stand-in row, which keep the ranks in step and add nothing to the loss or the gradients
+(docs/training.md). The old log-probs, the update and the gradient-share diagnostic all run the
+plan's passes.
 
-Deliberately not here: forward passes, losses and optimizer steps (the module), and which rows a
-learner sees (the exchange builds its view).
+Deliberately not here: forward passes, losses and optimizer steps (the module and `update.py`), and which
+rows a learner sees (the exchange builds its view).
 """
 
 from __future__ import annotations
@@ -26,7 +30,24 @@ from torch import Tensor
 
 from hacrl_lightning.algorithms import select_cross_samples
 
-__all__ = ["StepPlan", "learner_order", "split_even"]
+__all__ = ["MicroBatch", "StepPlan", "learner_order", "split_even"]
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """The view rows of one forward/backward pass and its weight: 1.0, or 0.0 for a zero-weight pass
+    that only keeps this rank in step with the others (its rows are a stand-in). `passes`: the
+    mini-batch's pass count over every rank that the loss normalises by (this rank's passes with rows,
+    at least 1, times the ranks: the paper code's KL mean over micro-batches)."""
+
+    rows: Tensor
+    weight: float
+    passes: int = 1
+
+    @property
+    def counts(self) -> bool:
+        """Whether the pass's loss and metrics count (False: a zero-weight pass)."""
+        return self.weight != 0.0
 
 
 def learner_order(is_own: Tensor, source_idx: Tensor, prompt_idx: Tensor, *, learner: int,
@@ -89,6 +110,14 @@ class StepPlan:
         pieces = list(self.share(m).split(size))
         return pieces + [self.mini_batches[m][:0]] * (count - len(pieces))
 
+    def passes(self, m: int, size: int) -> list[MicroBatch]:
+        """This rank's passes over its share of mini-batch m, `size` rows at most each (`micro_batches`): a
+        piece with rows weighs 1, an empty one is a pass of weight 0 over the mini-batch's first row."""
+        pieces = self.micro_batches(m, size)
+        passes = max(1, math.ceil(len(self.share(m)) / size)) * self.world
+        stand_in = self.mini_batches[m][:1]
+        return [MicroBatch(rows, 1.0, passes) if len(rows) else MicroBatch(stand_in, 0.0, passes) for rows in pieces]
+
     def rows_where(self, mask: Tensor, rank: Optional[int] = None) -> Tensor:
         """The rows of all mini-batches that `rank` trains on and where `mask` [B] is True, in order."""
         shares = [self.share(m, rank) for m in range(len(self))]
@@ -100,3 +129,10 @@ class StepPlan:
         most = max(len(self.rows_where(mask, rank)) for rank in range(self.world))
         pieces = list(self.rows_where(mask).split(size))
         return pieces + [mask.new_zeros(0, dtype=torch.long)] * (math.ceil(most / size) - len(pieces))
+
+    def passes_where(self, mask: Tensor, size: int) -> list[MicroBatch]:
+        """This rank's passes over `rows_where(mask)` (`micro_batches_where`), an empty piece a pass of weight 0
+        over the view's first row where `mask` holds (the old log-probs' passes over a source's own rows)."""
+        stand_in = torch.nonzero(mask).flatten()[:1]
+        return [MicroBatch(rows, 1.0) if len(rows) else MicroBatch(stand_in, 0.0)
+                for rows in self.micro_batches_where(mask, size)]

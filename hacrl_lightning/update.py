@@ -1,51 +1,74 @@
-"""The parts of a learner's update that hold no state: the micro-batches a rank runs, a micro-batch's
-loss inputs, and the gradient norm.
+"""The parts of a learner's update that hold no state: a source's scores of its own rows before the update, a
+micro-batch's loss inputs and the gradient norm.
 
-`micro_batches` owns the zero-weight rule. Under FSDP every forward pass is a collective, so every
-rank runs as many micro-batches as the rank with the most rows (`plan.StepPlan` pads a shorter
-share with empty ones); an empty one runs over a stand-in row with weight 0, which keeps the ranks
-in step and adds nothing to the loss or the gradients (docs/training.md). The old log-probs, the
-update and the gradient-share diagnostic (`grad_share.py`) all run their passes through it.
-`LearnerTables` holds a learner's per-row inputs of one step (advantages, old and reference
+The passes a rank runs (rows, weight, pass count) are the plan's (`plan.StepPlan.passes`).
+`score_own_rows` is the old log-probs' pass over one source's own rows (and its KL reference's, and how far the
+engine's log-probs were from the trainer's). `LearnerTables` holds a learner's per-row inputs of one step (advantages, old and reference
 log-probs, omega, rewards), `loss_inputs` turns a micro-batch of them into `hacpo_loss`'s keyword
 arguments (besides the algorithm's `loss_settings()`), and `total_grad_norm` is the clip's utility,
 global over ranks under FSDP.
 Deliberately not here: forward passes, backward passes and optimizer steps (the module), the loss
-itself (`algorithms/`) and the plan of mini-batches (`plan.py`).
+itself (`algorithms/`) and the plan of mini-batches and passes (`plan.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from hacrl_lightning.agents.agent import Agent, first_target_column
+from hacrl_lightning.algorithms import sequence_mean_logp
 from hacrl_lightning.exchange import AgentView
+from hacrl_lightning.plan import MicroBatch
 
-__all__ = ["LearnerTables", "MicroBatch", "total_grad_norm", "loss_inputs", "micro_batches"]
+__all__ = ["LearnerTables", "OwnScores", "loss_inputs", "score_own_rows", "total_grad_norm"]
 
 
 @dataclass(frozen=True)
-class MicroBatch:
-    """The view rows of one forward/backward pass and its weight: 1.0, or 0.0 for a zero-weight pass
-    that only keeps this rank in step with the others (its rows are a stand-in)."""
+class OwnScores:
+    """A source's scores of the own rows this rank trains on, before any update (B view rows, T token columns)."""
 
-    rows: Tensor
-    weight: float
-
-    @property
-    def counts(self) -> bool:
-        """Whether the pass's loss and metrics count (False: a zero-weight pass)."""
-        return self.weight != 0.0
+    tokens: Tensor                  # [B, T]  per-token old log-probs, zero on rows not scored here
+    reference: Optional[Tensor]     # [B, T]  the KL reference's, or None without one
+    mean: Tensor                    # [B]  the response's mean old log-prob (its response tokens)
+    scored: Tensor                  # [B] bool  the rows scored on this rank
+    engine_diff: Tensor             # [3] float64: sum, count and max of |log p_engine - log p_trainer| per token
 
 
-def micro_batches(pieces: Iterable[Tensor], stand_in: Tensor) -> Iterator[MicroBatch]:
-    """Each piece of rows as a pass of weight 1; an empty piece (this rank holds fewer rows than another)
-    as a pass over `stand_in` (a row of the view) of weight 0."""
-    for rows in pieces:
-        yield MicroBatch(stand_in, 0.0) if len(rows) == 0 else MicroBatch(rows, 1.0)
+@torch.no_grad()
+def score_own_rows(agent: Agent, view: AgentView, passes: Sequence[MicroBatch], *, device: Any,
+                   reference: Optional[Callable[..., Tensor]] = None) -> OwnScores:
+    """One forward pass of `agent` (and of `reference`, `token_logprobs`' signature) per pass of its own rows
+    (`StepPlan.passes_where`); a zero-weight pass runs its forward all the same (FSDP's collectives) and keeps
+    nothing. Where the engine reported log-probs of the sampled tokens (`view.engine_logp` finite), their distance
+    from the trainer's."""
+    tokens = torch.zeros(view.input_ids.shape)                                             # [B, T]
+    ref_tokens = torch.zeros(view.input_ids.shape) if reference is not None else None
+    mean, scored = torch.zeros(len(view.input_ids)), torch.zeros(len(view.input_ids), dtype=torch.bool)
+    diff_stats = torch.zeros(3, dtype=torch.float64)                                       # sum, count, max
+    for micro_batch in passes:
+        rows = micro_batch.rows
+        micro = view.select(rows).to(device)
+        scoring = dict(temperature=agent.cfg.temperature, first_target=first_target_column(micro.loss_mask))
+        logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, **scoring)     # [b, T], 0 before responses
+        ref = reference(micro.input_ids, micro.attention_mask, **scoring) if reference is not None else None
+        if not micro_batch.counts:
+            continue
+        tokens[rows, : logp.shape[1]] = logp.float().cpu()
+        known = micro.loss_mask & torch.isfinite(micro.engine_logp)                       # [b, T]
+        if bool(known.any()):  # the engine reported its log-probs (vLLM): |engine - trainer| per token
+            diff = (logp.float() - micro.engine_logp.float())[known].abs().double().cpu()
+            diff_stats[0] += diff.sum()
+            diff_stats[1] += diff.numel()
+            diff_stats[2] = max(diff_stats[2], diff.max())
+        mean[rows] = sequence_mean_logp(logp, micro.loss_mask).float().cpu()
+        scored[rows] = True
+        if ref is not None:
+            ref_tokens[rows, : ref.shape[1]] = ref.float().cpu()
+    return OwnScores(tokens=tokens, reference=ref_tokens, mean=mean, scored=scored, engine_diff=diff_stats)
 
 
 @dataclass(frozen=True)

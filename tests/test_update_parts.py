@@ -14,7 +14,7 @@ from hacrl_lightning.config import DataConfig
 from hacrl_lightning.data import synthetic_examples
 from hacrl_lightning.plan import StepPlan
 from hacrl_lightning.presets import get_preset
-from hacrl_lightning.update import LearnerTables, loss_inputs, micro_batches
+from hacrl_lightning.update import LearnerTables, loss_inputs
 
 from conftest import ZOO_AGENTS
 
@@ -26,11 +26,12 @@ def test_every_rank_runs_as_many_passes_and_a_missing_one_weighs_nothing():
     passes = {}
     for rank in range(2):
         plan = StepPlan.build(order, mini_batch_size=5, rank=rank, world=2)
-        mini = plan.mini_batches[0]
-        passes[rank] = list(micro_batches(plan.micro_batches(0, 2), stand_in=mini[:1]))
+        passes[rank] = plan.passes(0, 2)
     assert [len(p) for p in passes.values()] == [2, 2]
     assert [(m.rows.tolist(), m.weight, m.counts) for m in passes[0]] == [([4, 0], 1.0, True), ([3], 1.0, True)]
     assert [(m.rows.tolist(), m.weight, m.counts) for m in passes[1]] == [([1, 2], 1.0, True), ([4], 0.0, False)]
+    # the count the KL mean divides by: this rank's passes with rows (2 and 1), times the ranks
+    assert [[m.passes for m in p] for p in passes.values()] == [[4, 4], [2, 2]]
     # the rows that count are each row once, over both ranks
     counted = sorted(r for p in passes.values() for m in p if m.counts for r in m.rows.tolist())
     assert counted == list(range(5))
