@@ -67,14 +67,14 @@ from hacrl_lightning.rewards.exact_match import exact_match_reward
 
 ZOO_FORMAT = 4
 """Bump when the build procedure changes: every cached preset is then rebuilt (2: exports that
-transformers v4 loads, issue 18; 3: builds on `BUILD_THREADS` intra-op threads, weights independent
-of the core count, issue 17; 4: a fixed number of warm-start steps, attention heads of 32 (a size
-vLLM's CPU attention serves), the warm-started presets shipped with the package, issue 24)."""
+transformers v4 loads; 3: builds on `BUILD_THREADS` intra-op threads, weights independent of the core
+count; 4: a fixed number of warm-start steps, attention heads of 32 (a size vLLM's CPU attention serves),
+the warm-started presets shipped with the package: the zoo's portable builds, 2026-11-25)."""
 MANIFEST = "zoo_manifest.json"
 SHIPPED = Path(__file__).resolve().parent / "zoo_weights"
 """The warm-started presets' builds, shipped with the package (`<name>/`: the exported HF directory and
 its manifest of checksums). A preset whose recipe matches its shipped build is copied from here, never
-rebuilt: a build depends on how this CPU rounds floating-point sums (issue 24), the shipped files do not."""
+rebuilt: a build depends on how this CPU rounds floating-point sums (measured 2026-11-25), the shipped files do not."""
 
 stats: Counter = Counter()
 """Process-wide counters: `builds` (builds run), `shipped` (shipped builds copied into a cache) and `hits`
@@ -90,7 +90,7 @@ class WarmStart:
     """The supervised phase: teacher-forced `\\boxed{gold}` + EOS on the task's train split, for a fixed
     number of steps. A fixed count, not "until a probe crosses a target": a first crossing moves with the
     last bit of a floating-point sum, so the same recipe stopped at other steps (and gave other agents) on
-    another CPU (issue 24)."""
+    another CPU (the zoo's portable builds, 2026-11-25)."""
 
     steps: int
     """Supervised steps (the preset's capability). 0 keeps the random initialisation: no supervised phase
@@ -207,14 +207,14 @@ PRESETS: Dict[str, ZooSpec] = {
             name="tiny_c",
             model_type="gpt2",
             # 3 layers and no dropout (GPT-2's default is 0.1; RL runs without it anyway): with 2 layers and
-            # dropout tiny_c started at 0.07 and learned nothing under RL (issue 17)
+            # dropout tiny_c started at 0.07 and learned nothing under RL (2026-11-25)
             model_config=dict(n_embd=96, n_layer=3, n_head=96 // HEAD_DIM, n_positions=256, tie_word_embeddings=True,
                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
             tokenizer=TokenizerSpec(kind="bpe", vocab_size=1024, split_digits=True, merge_across_words=True,
                                     eos="<|endoftext|>", pad="<|endoftext|>"),
             chat_template=_template("Q: {content}\n", "A: {content}{{ eos_token }}\n", "{content}\n\n", "A: "),
             # warm-started at lr 1e-3: at the default 3e-3 it reached 0.375 held-out but then gained nothing
-            # under GSPO alone (0.328 -> 0.320 in 100 steps, seed 0); at 1e-3, 0.383 -> 0.508 (issue 17)
+            # under GSPO alone (0.328 -> 0.320 in 100 steps, seed 0); at 1e-3, 0.383 -> 0.508 (2026-11-25)
             warm_start=WarmStart(steps=925, lr=1e-3),
             seed=1,
         ),
@@ -223,7 +223,7 @@ PRESETS: Dict[str, ZooSpec] = {
             model_type="mistral",
             model_config={**_DIMS, "sliding_window": None},
             # punctuation joins the next word (`\\boxed`): without it tiny_d cut every task text as tiny_b
-            # does, so the pair exercised no retokenization (issue 17)
+            # does, so the pair exercised no retokenization (2026-11-25)
             tokenizer=TokenizerSpec(kind="bpe", vocab_size=280, split_digits=True, pattern=PUNCTUATION_JOINS_WORD,
                                     bos="<s>", eos="</s>", pad="<unk>"),
             chat_template=_template("[INST] {content} [/INST]", "{content}{{ eos_token }}",
@@ -235,7 +235,7 @@ PRESETS: Dict[str, ZooSpec] = {
             name="tiny_e",
             model_type="gpt_neox",
             # the zoo's strong, larger partner (3 layers, hidden 128; Pythia's architecture with full rotary):
-            # the far end of the capability-gap study (issue 17)
+            # the far end of the capability-gap study (docs/RESULTS.md)
             model_config=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=128 // HEAD_DIM,
                               max_position_embeddings=256, tie_word_embeddings=False, rotary_pct=1.0,
                               hidden_dropout=0.0, attention_dropout=0.0),
@@ -318,7 +318,7 @@ def portable_init(model: torch.nn.Module, *, seed: int, std: float) -> None:
     architecture's N(0, std^2)), the same bits on every CPU: integer random bits from a seeded generator,
     then exactly rounded scalar arithmetic. torch's `normal_` is not portable: its vectorised Box-Muller
     (an AVX2 kernel and a generic one) gave tiny_qwen3 other weights under another `ATEN_CPU_CAPABILITY`
-    (issue 24). Constant tensors (norm weights, zero biases) keep their values."""
+    (2026-11-25). Constant tensors (norm weights, zero biases) keep their values."""
     generator = torch.Generator().manual_seed(seed)
     scale = 3.0 ** 0.5 * std
     with torch.no_grad():
@@ -448,7 +448,7 @@ def built_on() -> dict[str, str]:
 BUILD_THREADS = 2
 """Intra-op threads of every build, whatever the machine's core count: how a CPU kernel splits a
 reduction between threads changes its rounding, so tiny_c built on 1 thread had other weights than on 2
-(issue 17). A fixed count makes the weights independent of the machine's core count; 2 rather than 1
+(2026-11-25). A fixed count makes the weights independent of the machine's core count; 2 rather than 1
 because a build on one thread takes ~1.45x as long on a 2-core machine (oversubscribing a 1-core
 machine costs it little)."""
 

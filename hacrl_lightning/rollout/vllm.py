@@ -186,8 +186,8 @@ def write_weights(model_dir: str | os.PathLike, items: Iterable[tuple[str, torch
     to a temporary name and renamed, older weight files removed). A tensor that shares its storage with an
     earlier one (tied embeddings: `lm_head.weight` is `embed_tokens.weight` when no cast copied it) is
     written as a copy under its own name: safetensors refuses shared tensors (the file sync of a tied fp32
-    agent failed, issue 25), and leaving the alias out, as `save_pretrained` does, left vLLM's CPU engine
-    with a stale output layer after `reload_weights` (it repacks `lm_head` apart from the embedding; 3 of
+    agent failed in the vLLM CPU lane's first run, 2026-11-25), and leaving the alias out, as
+    `save_pretrained` does, left vLLM's CPU engine with a stale output layer after `reload_weights` (it repacks `lm_head` apart from the embedding; 3 of
     32 greedy answers then differed from the trainer's)."""
     from safetensors.torch import save_file
 
@@ -212,7 +212,8 @@ def _engine_environment(*, in_process: bool) -> Iterator[None]:
     where its worker lives (`VLLM_ENABLE_V1_MULTIPROCESSING`) and, in the trainer's process, no binding
     of the process's OpenMP threads to cores (`VLLM_CPU_OMP_THREADS_BIND=nobind`). The trainer's thread
     count and `torch.set_num_threads` (which vLLM's CPU worker replaces by a no-op, process-wide) are
-    put back afterwards: an engine must not leave the trainer single-threaded (issue 25, item 6)."""
+    put back afterwards: an engine must not leave the trainer single-threaded (found in the vLLM CPU
+    lane's first run, 2026-11-25)."""
     settings = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
     if in_process:
         settings["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
