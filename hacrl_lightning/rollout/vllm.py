@@ -187,8 +187,8 @@ def write_weights(model_dir: str | os.PathLike, items: Iterable[tuple[str, torch
     earlier one (tied embeddings: `lm_head.weight` is `embed_tokens.weight` when no cast copied it) is
     written as a copy under its own name: safetensors refuses shared tensors (the file sync of a tied fp32
     agent failed in the vLLM CPU lane's first run, 2026-11-25), and leaving the alias out, as
-    `save_pretrained` does, left vLLM's CPU engine with a stale output layer after `reload_weights` (it repacks `lm_head` apart from the embedding; 3 of
-    32 greedy answers then differed from the trainer's)."""
+    `save_pretrained` does, left vLLM's CPU engine with a stale output layer after `reload_weights` (it
+    repacks `lm_head` apart from the embedding; 3 of 32 greedy answers then differed from the trainer's)."""
     from safetensors.torch import save_file
 
     model_dir = Path(model_dir)
