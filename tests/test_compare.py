@@ -171,7 +171,7 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
     assert by[("grpo", "tiny_a", "0")]["rollouts_generated"] == "32"
     assert by[("grpo", "tiny_a", "0")]["responses_trained"] == "32"
     assert by[("hacpo", "tiny_a", "0")]["responses_trained"] == "64"
-    # diagnostics (issue 17): grpo has no partners' responses (nothing measured, issue 36); hacpo has both
+    # diagnostics: grpo has no partners' responses (nothing measured); hacpo has both
     assert by[("grpo", "tiny_a", "0")]["cross_grad_share"] == "nan"
     assert by[("grpo", "tiny_a", "0")]["cross_nograd_frac_wrong"] == "nan"
     for agent in ("tiny_a", "tiny_b"):
@@ -222,7 +222,7 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
         assert {r["steps"] for r in csv.DictReader(handle)} == {"2"}
 
 
-# --- the capability-gap study (issue 17) ---------------------------------------------------------------
+# --- the capability-gap study --------------------------------------------------------------------------
 
 
 def test_diagnostic_values_average_omega_over_partners_at_the_first_step_overall_and_at_the_last():
@@ -313,7 +313,7 @@ def test_quick_capability_study_compares_within_pairs_and_reruns_only_changed_ar
     assert kept.stat().st_mtime_ns == stamp
 
 
-# --- interrupted, failed and partial runs; one compare.py per output directory (issue 26) -------------------
+# --- interrupted, failed and partial runs; one compare.py per output directory ------------------------------
 
 
 def test_a_mean_over_fewer_runs_than_planned_is_not_shown_unless_allowed():

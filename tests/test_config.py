@@ -224,8 +224,8 @@ def test_experiments_do_not_repeat_each_other():
 
 def test_every_experiment_holds_only_what_it_changes():
     """An experiment's values differ from what its group choices compose to without them. Its per-agent
-    values are left out: they state the recipe's settings for the agents of the list (issue 39 makes them
-    hold for any list)."""
+    values are left out: they state the recipe's settings for the agents of the list (a lab's own study,
+    2026-11-26, makes them hold for any list)."""
     for path in sorted((CONFIG_DIR / "experiment").glob("*.yaml")):
         body = yaml.safe_load(path.read_text())
         choices = []

@@ -1,4 +1,4 @@
-"""Issue 17's diagnostics: which responses the clip leaves without gradient (by correctness), how much of
+"""The studies' diagnostics: which responses the clip leaves without gradient (by correctness), how much of
 an update comes from partners' responses, and what a run's summary says about them.
 
 The loss-level tests use one hand-built batch whose ratios, advantages and rewards decide, by the rules
@@ -159,7 +159,7 @@ def test_grad_share_leaves_the_update_unchanged_and_lies_in_0_1(tmp_path, zoo_ca
 
 def test_grad_share_is_not_measured_without_partners_responses(tmp_path, zoo_cache):
     """gspo_x2's learners train on their own responses only: the diagnostic pass (about 5 % of a step) would
-    measure a share of 0 every time, so it does not run (issue 36)."""
+    measure a share of 0 every time, so it does not run."""
     summary, module = run(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "algorithm=gspo_x2",
                           "trainer.diagnostics_every=1")
     assert "time/diagnostics" not in module.last_metrics

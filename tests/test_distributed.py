@@ -7,7 +7,7 @@ update, the capability window, every logged rate, and the weights.
 
 Tolerances. What legitimately differs is the order of fp32 sums (micro-batches of 2 vs 3 rows, gradients
 averaged by FSDP's reduce-scatter), and how much that changes depends on the CPU's kernels (FMA or not,
-vector width); so the bounds come from what is compared, not from one machine's figure (issue 24).
+vector width); so the bounds come from what is compared, not from one machine's figure.
 The weights are not compared element by element: AdamW moves an element by lr * m/(sqrt(v)+eps), and
 where a gradient is near zero that step's sensitivity to the gradient is up to lr/eps = 1e4, so a
 last-bit difference of a near-zero gradient becomes a difference of up to about one update (lr, 1e-4) in
@@ -214,7 +214,7 @@ def test_the_gradient_bound_has_power(runs):
 @pytest.mark.parametrize("case", ["hacpo", "gspo_x2", "grpo"])
 def test_every_logged_rate_is_the_global_one(runs, case):
     assert_rates_equal(runs[0][case]["metrics"], runs[1][case]["metrics"])
-    # the gradient share (global gradient norms under FSDP, issue 17) where learners train on partners' rows
+    # the gradient share (global gradient norms under FSDP) where learners train on partners' rows
     assert any("/diag/cross_grad_share" in k for k in runs[1][case]["metrics"]) == (case == "hacpo")
 
 

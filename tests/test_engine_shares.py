@@ -1,4 +1,4 @@
-"""vLLM engines' memory shares summed per machine before any engine starts (`placement.engine_shares`, issue 36).
+"""vLLM engines' memory shares summed per machine before any engine starts (`placement.engine_shares`).
 
 On vLLM's CPU build a share is the machine's memory an engine's KV cache takes, and every rank starts its own
 engines: `experiment=paper_smoke rollout=vllm` (2 ranks x 2 agents at 0.3 each) asked for 1.2 of the machine

@@ -119,7 +119,7 @@ def test_evaluate_scores_the_synthetic_task_as_the_training_does(script_main, ca
         assert results["agents"]["tiny_b"]["average"] > 0
 
 
-# --- messages a user can act on (issue 26) -------------------------------------------------------------
+# --- messages a user can act on ------------------------------------------------------------------------
 
 
 def test_help_is_a_help_text_and_a_multirun_points_to_compare(script_main, capsys, tmp_path):

@@ -1,4 +1,4 @@
-"""A full disk costs a run nothing already saved (issue 26): real small filesystems, real runs.
+"""A full disk costs a run nothing already saved: real small filesystems, real runs.
 
 Each test mounts a real filesystem of a few megabytes (a tmpfs; a loop-mounted ext4 image where a tmpfs
 cannot be mounted) and trains the tiny zoo pair into it: a checkpoint of the pair is 5.3 MB. On main a run

@@ -222,7 +222,7 @@ def test_plan_script_json_and_its_changes_fit(script_main, capsys, tmp_path):
 
 def test_plan_script_takes_any_agent_list_with_the_experiments_shared_settings(script_main, capsys, tmp_path):
     """plan.py composes as train.py does: the paper experiment's agent_defaults reach four agents it was not
-    written for (issue 39), and the plan names each."""
+    written for, and the plan names each."""
     four = "agents=[qwen3_4b_base,llama3.2_3b_instruct,qwen3_1.7b_base,qwen3_8b_base]"
     main = script_main("plan")
     main(["experiment=paper_size", four, "--json", str(tmp_path / "plan.json")])
@@ -337,7 +337,7 @@ def test_the_plan_counts_the_sync_buffer_of_each_engine_in_its_own_process(overr
 FOUR_AT_SIZE = ["agents=[qwen3_8b_base,llama3_8b,qwen3_4b_base,qwen3_4b]", "trainer=fsdp", "trainer.devices=8",
                 "rollout=vllm", "algorithm.kl_coef=0.001", "data.prompts_per_step=128", "rollout.group_size=8",
                 "trainer.mini_batch_prompts=64", "trainer.micro_batch_size=8"]
-"""Issue 34's case: two 8B and two 4B agents with the paper's settings on one node of 8 x 80 GB."""
+"""The four-agent case of split placement (2026-11-26): two 8B and two 4B agents with the paper's settings on one node of 8 x 80 GB."""
 
 
 def test_four_agents_at_size_reach_a_layout_that_fits_one_node(script_main, capsys, tmp_path):

@@ -6,7 +6,7 @@ figures (`fixtures/pinned_run.json`) are the run's summary (counters, held-out a
 scalar it logged to TensorBoard except wall times, and a fingerprint of each agent's final weights
 (sums of the absolute values and of the squares of the change from its initial weights, in float64).
 
-The figures must hold on any CPU (issue 24; `test_other_cpu.py` runs this test under other kernels),
+The figures must hold on any CPU (`test_other_cpu.py` runs this test under other kernels),
 so each comparison allows what another CPU's rounding moves: floats within 1e-4 relative, or 2e-6
 absolute (scalars are pinned rounded to 6 decimals, and a last-bit difference can flip the 6th). The
 weight fingerprint sums positive terms: under other kernels AdamW turns last-bit differences of

@@ -159,7 +159,7 @@ def test_vllm_engine_options_export_the_agent_with_its_memory_share(load_zoo_age
 def test_vllm_file_sync_writes_weights_that_load_back(load_zoo_agent, tmp_path, name, tied, dtype):
     """The file path of the vLLM weight sync (engine in its own process): the pushed weights, cast to the
     engine's dtype, load back with transformers as the trainer's weights. A tied agent pushed in its own
-    dtype shares `lm_head.weight` with `embed_tokens.weight`, which safetensors refused (issue 25, item 4)."""
+    dtype shares `lm_head.weight` with `embed_tokens.weight`, which safetensors refused."""
     from transformers import AutoModelForCausalLM
 
     from hacrl_lightning.rollout.vllm import full_state_items, write_weights

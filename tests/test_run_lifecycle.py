@@ -1,4 +1,4 @@
-"""A run is never lost and never mixed (issue 18): signals, run directories, resume, fork, damaged checkpoints.
+"""A run is never lost and never mixed: signals, run directories, resume, fork, damaged checkpoints.
 
 Signals are sent to a real `scripts/train.py` process; second runs into one directory, locks held by a
 real second process, truncated checkpoints and resumes are real runs on the tiny zoo agents.

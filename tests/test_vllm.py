@@ -313,7 +313,7 @@ def test_paper_smoke_with_vllm_engines_on_each_of_two_ranks(tmp_path, zoo_cache)
     and rank, each in its own process), the real Qwen3 and Llama 3.2 tokenizers, math-verify. One step
     completes with the update count of the `rollout=hf` run (tests/test_paper_smoke.py: n·P/mini = 4 per step
     with its SMALLER settings), and the mismatch of bf16 engines with the bf16 trainer is measured. No memory
-    share is set by hand: the four engines on this machine divide a quarter of its memory (issue 36; at 0.3
+    share is set by hand: the four engines on this machine divide a quarter of its memory (at 0.3
     each they asked for 1.2 of it and the fourth died)."""
     run = tmp_path / "run"
     done = subprocess.run([sys.executable, "scripts/train.py", "experiment=paper_smoke", "rollout=vllm",
