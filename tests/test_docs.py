@@ -376,3 +376,47 @@ def test_the_name_checker_finds_a_planted_dead_name(tmp_path):
                                      "`torch.load`\n`preflight.resume_problems` and `Holder._update_learner`\n")
     assert dead_names(tmp_path) == ["doc.md:2: `preflight.resume_problems`: preflight has no resume_problems",
                                     "doc.md:2: `Holder._update_learner`: class Holder has no _update_learner"]
+
+
+# ---- features and dates, not a tracker's numbers
+
+ISSUE_CITATION = re.compile(r"\bissues? #?\d+|(?<![\w&#])#\d{2}\b", re.I)
+"""A tracker's issue number ("issue" and a number, "issues" and one, "#" and two digits): a reader of the repo
+cannot look it up; the text names the feature and its date instead ("the zoo's portable builds (2026-11-25)")."""
+CITATION_PLACES = ("docs", "README.md", "hacrl_lightning", "scripts", "tests", "configs", "agents")
+RECORDED = ("docs/gpu/",)
+"""Reports the GPU check wrote, kept byte-identical as they were recorded."""
+
+
+def issue_citations(root: Path = REPO) -> list[str]:
+    """`file:line: 'the citation'` for each tracker number in the docs, the README, the package, scripts, tests,
+    configs and agent presets (this file included: its pattern is written so that it does not cite one)."""
+    own = Path(__file__).resolve()
+    files = scanned_files(root) + ([own] if root == REPO else [])
+    problems = []
+    for path in files:
+        relative = path.relative_to(root).as_posix()
+        if relative.split("/")[0] not in CITATION_PLACES or relative.startswith(RECORDED):
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            problems += [f"{relative}:{number}: {match.group(0)!r}" for match in ISSUE_CITATION.finditer(line)]
+    return problems
+
+
+def test_docs_and_code_name_features_and_dates_not_issue_numbers():
+    problems = issue_citations()
+    assert not problems, (f"{len(problems)} tracker numbers a reader cannot look up; name the feature and its date "
+                          "instead, e.g. \"the zoo's portable builds (2026-11-25)\":\n" + "\n".join(problems))
+
+
+def test_the_citation_checker_names_file_and_line_and_skips_recorded_reports(tmp_path):
+    one, two, hashed = "issue" + " 24", "issues" + " 17", "#" + "36"  # built here, so that this file cites none
+    for folder in ("docs/gpu/2026-11-27_1754_H100", "hacrl_lightning", "notes"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "docs" / "guide.md").write_text(f"# Guide\n\nBuilt in {one.title()}, see {hashed} and {two}.\n"
+                                                "## 8. Color #ff0000, 2026-11-25, §3, 24 issues\n")
+    (tmp_path / "docs" / "gpu" / "2026-11-27_1754_H100" / "gpu_check.md").write_text(f"{one}\n")
+    (tmp_path / "hacrl_lightning" / "zoo.py").write_text(f'"""Heads of 32 ({one}, item 6)."""\n')
+    (tmp_path / "notes" / "todo.md").write_text(f"{one}\n")  # not a place a reader of the repo looks
+    assert issue_citations(tmp_path) == [f"docs/guide.md:3: {one.title()!r}", f"docs/guide.md:3: {hashed!r}",
+                                         f"docs/guide.md:3: {two!r}", f"hacrl_lightning/zoo.py:1: {one!r}"]
