@@ -193,7 +193,7 @@ def cuts(tokenizer, text: str) -> tuple[int, ...]:
 @pytest.mark.slow
 @pytest.mark.parametrize("first,second", list(itertools.combinations(PRESETS, 2)))
 def test_every_pair_of_presets_cuts_most_task_texts_differently(preset_tokenizers, first, second):
-    """Before issue 17, tiny_b and tiny_d cut 100 of these 200 texts alike (every answer, bare or worked:
+    """Before 2026-11-25, tiny_b and tiny_d cut 100 of these 200 texts alike (every answer, bare or worked:
     `\\ boxed { 4 2 }`). The closest pair now is tiny_b and tiny_qwen3 (60 alike: Qwen3 also splits digits
     and keeps punctuation apart, so most bare answers are cut alike); the others cut at most 1 alike."""
     texts = task_strings()
