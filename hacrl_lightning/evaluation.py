@@ -40,8 +40,10 @@ from hacrl_lightning.rewards.exact_match import extract_boxed
 from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
 
 __all__ = [
-    "PROTOCOLS", "BatchScorer", "EvalPlan", "answer_rewards", "avg_at_k", "evaluate_agents", "format_table", "load_eval_agents",
-    "pass_at_k", "plan_benchmarks", "response_records", "score_correct", "serial_scorer", "unbiased_pass_at_k",
+    "PROTOCOLS", "BatchScorer", "EvalPlan", "RewardFailedEverywhere", "answer_rewards", "avg_at_k", "evaluate_agents",
+    "clear_earlier_evaluation", "format_table", "load_eval_agents", "prompt_problems",
+    "pass_at_k", "plan_benchmarks", "response_records", "score_correct", "serial_scorer", "strict_scorer",
+    "unbiased_pass_at_k",
     "write_responses", "write_results",
 ]
 
@@ -110,6 +112,36 @@ BatchScorer = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 """`score(responses, golds) -> rewards`: a reward over a batch (e.g. `RewardPool.score`, hard timeouts)."""
 
 
+class RewardFailedEverywhere(RuntimeError):
+    """Every answer of a batch failed to score (the reward, or one of its terms, raised, timed out or crashed on
+    each): its table would be a column of 0.000 that says nothing of the agents. evaluate.py stops (exit 1)."""
+
+
+def strict_scorer(pool: Any, reward: str) -> BatchScorer:
+    """`pool.score` (a `RewardPool`) that raises `RewardFailedEverywhere` when every answer of a batch failed, as a
+    whole or in one of its terms, naming `reward`, the term and the first cause; a few failed answers still score
+    0.0 and are counted in `pool.stats`, as before."""
+    def score(responses: Sequence[str], golds: Sequence[str], *extras: Any) -> Sequence[float]:
+        rewards = pool.score(responses, golds, *extras)
+        total, whole = len(rewards), len(pool.failures)
+        if total == 0:
+            return rewards
+        cause = next(iter(pool.failure_causes.values()), None) if whole == total else None
+        term = None
+        if cause is None:
+            term, causes = next(((name, causes) for name, causes in pool.term_failures.items()
+                                 if len(causes) + whole >= total), (None, None))
+            cause = causes[0] if causes else None
+        if cause is not None:
+            several = len(getattr(pool.reward_fn, "terms", ())) > 1
+            what = f"reward {reward!r}" + (f" (its term {term!r})" if term and several else "")
+            raise RewardFailedEverywhere(
+                f"{what} failed on all {total} answers it was given (the first {cause}); no results were written. "
+                f"Fix: correct the reward and try it on one answer first, or score with another: reward=<name>")
+        return rewards
+    return score
+
+
 def serial_scorer(reward_fn: Callable[[str, str], float]) -> BatchScorer:
     """A BatchScorer calling `reward_fn(response, gold)` item by item in this process."""
     return lambda responses, golds: [float(reward_fn(r, g)) for r, g in zip(responses, golds)]
@@ -160,9 +192,12 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
         for b, plan in enumerate(plans):
             examples = list(benchmarks[plan.benchmark])
             answers: list[list[str]] = []
-            rewards = answer_rewards(agent, engines[name], examples, samples=plan.samples, temperature=temperature,
-                                     seed=seed + 1000 * j + b, answers_out=answers,
-                                     score=score[plan.benchmark] if isinstance(score, Mapping) else score)  # [P, n]
+            try:
+                rewards = answer_rewards(agent, engines[name], examples, samples=plan.samples,
+                                         temperature=temperature, seed=seed + 1000 * j + b, answers_out=answers,
+                                         score=score[plan.benchmark] if isinstance(score, Mapping) else score)  # [P, n]
+            except RewardFailedEverywhere as err:  # named with the agent and benchmark it stopped at
+                raise RewardFailedEverywhere(f"{name} on {plan.benchmark}: {err}") from None
             if responses is not None:
                 responses += response_records(name, plan.benchmark, agent, examples, answers, rewards)
             scores = score_correct(rewards, plan.pass_k)
@@ -182,6 +217,64 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
         if name in (checkpoints or {}):
             results["agents"][name]["checkpoint"] = dict(checkpoints[name])
     return results
+
+
+def prompt_problems(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequence[Example]], *,
+                    few_shot: int = 0) -> tuple[list[Any], list[str]]:
+    """Prompts no agent would see whole: (problems, notes). A benchmark none of whose prompts fits an agent's
+    `max_prompt_len` in its chat template is a problem (train.py's own check, `preflight.prompt_fit_problem`: every
+    prompt would be cut from the left and every answer scored on a question it never saw); where only some are
+    longer, a note counts them (they are cut from the left, as generation does)."""
+    from dataclasses import replace as changed
+
+    from hacrl_lightning.preflight import model_positions, prompt_fit_problem
+
+    problems, notes = [], []
+    shots = (f"; or fewer worked examples: few_shot={few_shot} puts {few_shot} in front of every question"
+             if few_shot else "")
+    for name, agent in agents.items():
+        found = model_positions(agent.model.config)
+        for benchmark, examples in benchmarks.items():
+            prompts = [ex.prompt for ex in examples]
+            unfit = prompt_fit_problem("max_prompt_len", agent.tokenizer, agent.cfg, prompts,
+                                       what=f"{benchmark} prompts", longer="a longer prompt is cut from the left")
+            lengths = [len(ids) for ids in agent.encode_prompts(prompts, truncate=False)]
+            if unfit and found and min(lengths) >= found[0]:  # no max_prompt_len can hold one
+                problems.append(changed(unfit, key=f"max_prompt_len (agent {name})", fix=(
+                    f"the shortest takes {min(lengths)} tokens, more than the {found[0]} positions of {name}'s model "
+                    f"(`{found[1]}`): " + (f"use fewer worked examples than few_shot={few_shot}" if few_shot
+                                           else "shorten the prompts, or evaluate a model with more positions"))))
+            elif unfit:
+                problems.append(changed(unfit, key=f"max_prompt_len (agent {name})", fix=f"{unfit.fix}{shots}"))
+            if unfit:
+                continue
+            cut = sum(n > agent.max_prompt_len for n in lengths)
+            if cut:
+                notes.append(f"note: {cut} of {len(prompts)} {benchmark} prompts are longer than {name}'s "
+                             f"max_prompt_len={agent.max_prompt_len} and are cut from the left; set max_prompt_len "
+                             "to keep them whole")
+    return problems, notes
+
+
+def clear_earlier_evaluation(directory: str | os.PathLike) -> list[str]:
+    """Delete every file an earlier evaluate.py wrote in `directory` (`preflight.EVALUATION_FILES`: its config,
+    results, responses and engine folders; a link is removed, never followed), before `overwrite=true` writes a
+    new one there: nothing of the earlier evaluation stays beside the new results. Returns the names deleted."""
+    import shutil
+
+    from hacrl_lightning.preflight import EVALUATION_FILES
+
+    deleted = []
+    for name in EVALUATION_FILES:
+        path = Path(directory) / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        deleted.append(name)
+    return deleted
 
 
 def response_records(name: str, benchmark: str, agent: Agent, examples: Sequence[Example],

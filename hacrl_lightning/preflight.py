@@ -181,6 +181,10 @@ def evaluate_name_problems(cfg: EvaluateConfig) -> List[Problem]:
     if cfg.files.get(SYNTHETIC):
         c.bad(f"files.{SYNTHETIC}", cfg.files[SYNTHETIC], "no files: the synthetic benchmark is generated",
               f"drop files.{SYNTHETIC}")
+    if cfg.few_shot_task not in task_names():  # the task whose train split gives the worked examples
+        c.bad("few_shot_task", cfg.few_shot_task, f"a training task: {suggest(cfg.few_shot_task, task_names())}",
+              f"set few_shot_task=synthetic (its train split's first few_shot={cfg.few_shot} examples go in "
+              "front of every question), or the task the run trained on")
     c.choice("backend", cfg.backend, BACKENDS)
     return c.problems
 
@@ -193,15 +197,34 @@ def validate_evaluate(cfg: EvaluateConfig) -> EvaluateConfig:
     return cfg
 
 
-EVALUATION_FILES = ("evaluate.yaml", "results.json", "results.md", "engine_dirs")
-"""What scripts/evaluate.py writes into its output_dir."""
+EVALUATION_FILES = ("evaluate.yaml", "results.json", "results.md", "responses.jsonl", "engine_dirs")
+"""What scripts/evaluate.py writes into its output_dir: all of it replaced under `overwrite=true`."""
 
 
 def evaluation_folder(path: str) -> bool:
-    """`path` holds an earlier evaluation and nothing else (its files are replaced by a new one there)."""
+    """`path` holds an earlier evaluation and nothing else (evaluate.yaml, and only evaluate.py's files)."""
     folder = Path(path).expanduser()
     names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
     return "evaluate.yaml" in names and names <= set(EVALUATION_FILES)
+
+
+def earlier_evaluation_problem(cfg: EvaluateConfig) -> Optional[Problem]:
+    """An `output_dir` holding an earlier evaluation (`evaluation_folder`), without `overwrite=true`: refused,
+    naming its files and agents (a second evaluation there would replace them)."""
+    if cfg.overwrite or not evaluation_folder(cfg.output_dir):
+        return None
+    import json
+
+    folder = Path(cfg.output_dir).expanduser()
+    try:
+        agents = [str(name) for name in json.loads((folder / "results.json").read_text())["agents"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        agents = []
+    of = f" of {', '.join(agents[:4])}{' and more' if len(agents) > 4 else ''}" if agents else ""
+    files = ", ".join(sorted(p.name for p in folder.iterdir()))
+    return Problem("output_dir", str(folder), "a new or empty folder (or overwrite=true over an earlier evaluation)",
+                   f"it holds an earlier evaluation{of} ({files}), which this one would replace; nothing was changed: "
+                   "choose another output_dir, or add overwrite=true to replace all of those files")
 
 
 def check_evaluate(cfg: EvaluateConfig, *, presets: Collection[str] = ()) -> EvaluateConfig:
@@ -211,10 +234,10 @@ def check_evaluate(cfg: EvaluateConfig, *, presets: Collection[str] = ()) -> Eva
     no hub id)."""
     problems = evaluate_problems(cfg) + evaluate_name_problems(cfg)
     problems += reward_code_problems([("reward", cfg.reward)] if cfg.reward else [])
-    output = output_dir_problem(cfg.output_dir, key="output_dir", overwrite=cfg.overwrite,
-                                owned=evaluation_folder(cfg.output_dir),
-                                writes="evaluate.yaml, results.json" + (", results.md and responses.jsonl"
-                                                                        if cfg.save_responses else " and results.md"))
+    output = earlier_evaluation_problem(cfg) or output_dir_problem(
+        cfg.output_dir, key="output_dir", overwrite=cfg.overwrite,
+        writes="evaluate.yaml, results.json" + (", results.md and responses.jsonl" if cfg.save_responses
+                                               else " and results.md"))
     problems += [output] if output else []
     seen = {p.key for p in problems}
     problems += [p for p in evaluate_machine_problems(cfg, presets) if p.key not in seen]
@@ -381,6 +404,8 @@ def evaluate_machine_problems(cfg: EvaluateConfig, presets: Collection[str] = ()
               if is_hub_id(entry) and entry not in presets]  # a preset's name: its own model source
     benchmarks = [(f"files.{name}", name) for name in cfg.benchmarks
                   if name in BENCHMARKS and name != SYNTHETIC and not cfg.files.get(name)]
+    if cfg.few_shot and cfg.few_shot_task in BENCHMARK_TASKS:  # the worked examples come from its train split
+        benchmarks.append(("few_shot_task", BENCHMARK_TASKS[cfg.few_shot_task][0]))
     return problems + _hub_missing(wanted, benchmarks)
 
 
@@ -400,7 +425,9 @@ def preflight_problems(cfg: TrainConfig, *, free_lengths: Mapping[str, FreeLengt
     for name, agent_cfg in cfg.agents.items():
         free = free_lengths.get(name, FreeLengths()) if cfg.data.few_shot else FreeLengths()
         problems += _agent_problems(name, agent_cfg, prompts, answers, zoo_cache=cfg.zoo_cache, free=free,
-                                    every_prompt=every, said=said if said is not None else [], learned=learned)
+                                    every_prompt=every, said=said if said is not None else [], learned=learned,
+                                    few_shot=cfg.data if cfg.data.few_shot else None)
+    problems = _one_few_shot_problem(problems)
     problems += lockstep_problems(cfg, learned)  # after the fitting: the lengths that run
     problems += memory_plan_problems(cfg)  # after the fitting: the plan counts the lengths that run
     if cfg.resume:
@@ -566,7 +593,8 @@ def fit_few_shot_lengths(key: str, config, tokenizer, cfg: AgentConfig, prompts:
 
 def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers: Sequence[str], *,
                     zoo_cache: Any, free: FreeLengths = FreeLengths(), every_prompt: Sequence[str] = (),
-                    said: Optional[List[str]] = None, learned: Optional[dict] = None) -> List[Problem]:
+                    said: Optional[List[str]] = None, learned: Optional[dict] = None,
+                    few_shot: Optional[DataConfig] = None) -> List[Problem]:
     key = f"agents.{name}"
     problems: List[Problem] = []
     model = _resolve(name, f"{key}.model", cfg.model, zoo_cache, problems)
@@ -587,9 +615,73 @@ def _agent_problems(name: str, cfg: AgentConfig, prompts: Sequence[str], answers
         learned[name] = model_positions(config)
     if tokenizer is None:
         return problems
-    return problems + (_tokenizer_problems(key, tokenizer_key, source, tokenizer, cfg, prompts, answers) or
-                       _vocab_problems(key, tokenizer_key, config, model, source, tokenizer, cfg,
-                                       [*prompts, *answers]))
+    problems += (_tokenizer_problems(key, tokenizer_key, source, tokenizer, cfg, prompts, answers) or
+                 _vocab_problems(key, tokenizer_key, config, model, source, tokenizer, cfg, [*prompts, *answers]))
+    crowded = few_shot is not None and config is not None and \
+        any(p.key == f"{key}.max_prompt_len" for p in problems) and \
+        few_shot_problem(key, tokenizer, config, cfg, few_shot, prompts, answers)
+    if crowded:  # no prompt limit can help: the lengths' own fixes would only trade one for the other
+        return [crowded] + [p for p in problems if p.key not in (f"{key}.max_prompt_len", f"{key}.max_response_len")]
+    return problems
+
+
+def few_shot_problem(key: str, tokenizer, config, cfg: AgentConfig, data: DataConfig, prompts: Sequence[str],
+                     answers: Sequence[str]) -> Optional[Problem]:
+    """With `data.few_shot=k`, sampled prompts that even the shortest of take more of the model's positions than
+    its longest answer leaves: raising `max_prompt_len` would only take the room from `max_response_len` (and
+    back), so the problem is `data.few_shot`'s, named with the figures and the largest k whose prompts fit
+    (`largest_few_shot`); None when the shortest prompt fits."""
+    from hacrl_lightning.agents.agent import encode_chat_prompts
+    from hacrl_lightning.agents.tokenizers import encode_text
+
+    found = model_positions(config)
+    if found is None or not prompts or not answers:
+        return None
+    positions = found[0]
+    answer = 1 + max(len(ids) for ids in encode_text(tokenizer, answers))  # + EOS
+    room = positions - answer
+    measurable = [text for text in prompts if len(text) <= (room + 1) * CHARS_PER_TOKEN_BOUND] or [min(prompts, key=len)]
+    shortest = min(len(ids) for ids in encode_chat_prompts(tokenizer, cfg, measurable))
+    if shortest <= room:
+        return None
+    fits = largest_few_shot(data, tokenizer, cfg, room)
+    fix = (f"set data.few_shot={fits} or fewer" if fits else "drop data.few_shot (even one worked example does not "
+           "fit)") + f", or give {key} a model with more positions; no {key}.max_prompt_len can help"
+    return Problem("data.few_shot", data.few_shot, f"worked examples whose prompts fit {key}'s model: {positions:,} "
+                   f"positions, {answer} of them for the longest answer, leave {room:,} for a prompt, and with "
+                   f"data.few_shot={data.few_shot} the shortest sampled prompt takes {shortest:,} in its template", fix)
+
+
+def largest_few_shot(data: DataConfig, tokenizer, cfg: AgentConfig, room: int) -> int:
+    """The largest k below `data.few_shot` whose shortest sampled prompt (of both splits) fits `room` tokens in
+    the agent's template (0 when none does): the task loaded again without examples, k searched by halving."""
+    from dataclasses import replace
+
+    from hacrl_lightning.agents.agent import encode_chat_prompts
+    from hacrl_lightning.data.tasks import few_shot_pool, with_few_shot
+
+    splits = load_task(replace(data, few_shot=0))
+    bare = [ex for split in splits for ex in list(split)[:SAMPLE_PROMPTS]]
+    pool = few_shot_pool(list(splits[0]), data.few_shot)
+    low, high = 0, data.few_shot - 1  # k = low always fits (0: the bare questions, checked by the limits as ever)
+    while low < high:
+        middle = (low + high + 1) // 2
+        texts = [ex.prompt for ex in with_few_shot(bare, pool, middle)]
+        texts = [text for text in texts if len(text) <= (room + 1) * CHARS_PER_TOKEN_BOUND]
+        if texts and min(len(ids) for ids in encode_chat_prompts(tokenizer, cfg, texts)) <= room:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _one_few_shot_problem(problems: List[Problem]) -> List[Problem]:
+    """The `data.few_shot` problems of several agents as one: the agent whose model fits the fewest examples."""
+    crowded = [p for p in problems if p.key == "data.few_shot" and "whose prompts fit" in p.allowed]
+    if len(crowded) < 2:
+        return problems
+    fewest = min(crowded, key=lambda p: int(p.fix.split("data.few_shot=")[1].split()[0]) if "=" in p.fix else 0)
+    return [p for p in problems if p not in crowded or p is fewest]
 
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
@@ -684,7 +776,6 @@ def _overlong(key: str, field: str, limit: int, texts: Sequence[str], what: str)
 
 def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cfg: AgentConfig,
                         prompts: Sequence[str], answers: Sequence[str]) -> List[Problem]:
-    from hacrl_lightning.agents.agent import encode_chat_prompts
     from hacrl_lightning.agents.tokenizers import decode_text, encode_text
 
     problems: List[Problem] = []
@@ -711,13 +802,8 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
                                 f"tokenizer, not WordPiece: {key}.tokenizer=<hub id or dir>"))
     if problems or not prompts:
         return problems
-    prompt_lens = [len(ids) for ids in encode_chat_prompts(tokenizer, cfg, prompts)]
-    if min(prompt_lens) > cfg.max_prompt_len:  # a longer prompt is dropped at load (data.filter_overlong_prompts)
-        problems.append(Problem(f"{key}.max_prompt_len", cfg.max_prompt_len,
-                                f">= {min(prompt_lens)} (none of {len(prompts)} sampled task prompts fits in this "
-                                "agent's chat template; prompts longer than the limit are dropped at load)",
-                                f"set {key}.max_prompt_len={min(prompt_lens)} or more for the shortest to fit, "
-                                f"{max(prompt_lens)} to keep them all"))
+    unfit = prompt_fit_problem(f"{key}.max_prompt_len", tokenizer, cfg, prompts)
+    problems += [unfit] if unfit else []
     answer_len = 1 + max(len(ids) for ids in encode_text(tokenizer, answers))  # + EOS
     if answer_len > cfg.max_response_len:
         problems.append(Problem(f"{key}.max_response_len", cfg.max_response_len,
@@ -725,6 +811,22 @@ def _tokenizer_problems(key: str, tokenizer_key: str, source: str, tokenizer, cf
                                 f"set {key}.max_response_len={answer_len} or more; a shorter limit can never "
                                 "be rewarded"))
     return problems
+
+
+def prompt_fit_problem(setting: str, tokenizer, cfg: AgentConfig, prompts: Sequence[str], *,
+                       what: str = "sampled task prompts",
+                       longer: str = "prompts longer than the limit are dropped at load") -> Optional[Problem]:
+    """None of `prompts` fits `cfg.max_prompt_len` in the agent's chat template (`setting`: the key that sets it):
+    the problem with the shortest and longest lengths (train.py's preflight; evaluate.py's few-shot prompts)."""
+    from hacrl_lightning.agents.agent import encode_chat_prompts
+
+    prompt_lens = [len(ids) for ids in encode_chat_prompts(tokenizer, cfg, prompts)]
+    if not prompt_lens or min(prompt_lens) <= cfg.max_prompt_len:
+        return None
+    return Problem(setting, cfg.max_prompt_len,
+                   f">= {min(prompt_lens)} (none of {len(prompts)} {what} fits in this agent's chat template; "
+                   f"{longer})", f"set {setting}={min(prompt_lens)} or more for the shortest to fit, "
+                   f"{max(prompt_lens)} to keep them all")
 
 
 def _vocab_problems(key: str, tokenizer_key: str, config, model: str, source: str, tokenizer, cfg: AgentConfig,

@@ -7,7 +7,9 @@ containers only; the project's own checkpoints hold nothing else, and Lightning'
 reads them the same way), and `check_distributed_checkpoint` reads the one pickle of an FSDP2 checkpoint
 directory that torch itself reads with a plain `pickle.load` (`.metadata`) with an unpickler that knows only
 the classes torch writes there, before anything else opens it. A refused file raises `UnsafeCheckpoint`,
-naming the file, what it tried to load and the fix. `read_yaml` reads an agent, data or run config file as
+naming the file, what it tried to load and the fix; a pickle the weights-only reader cannot parse (an opcode it does
+not support: another program's file, a newer pickle protocol, bytes damaged) raises `UnreadableCheckpoint`, one line
+naming the file, the reader's words and the fix. `read_yaml` reads an agent, data or run config file as
 plain values (OmegaConf's safe loader: a `!!python` tag is refused) and turns a syntax error, a tag or a
 file that is not UTF-8 into one `ConfigError` line naming the file, line and column.
 Deliberately not here: which checkpoint to read (`callbacks/checkpoint.py`) and model folders (the agents'
@@ -25,7 +27,7 @@ from typing import Any
 
 from hacrl_lightning.errors import ConfigError, Problem
 
-__all__ = ["UnsafeCheckpoint", "check_distributed_checkpoint", "load_checkpoint_file", "read_yaml", "yaml_problem"]
+__all__ = ["UnreadableCheckpoint", "UnsafeCheckpoint", "check_distributed_checkpoint", "load_checkpoint_file", "read_yaml", "yaml_problem"]
 
 
 class UnsafeCheckpoint(ValueError):
@@ -41,6 +43,20 @@ class UnsafeCheckpoint(ValueError):
         self.path = Path(path)
 
 
+class UnreadableCheckpoint(ValueError):
+    """A checkpoint's pickle that torch's weights-only reader cannot parse (an unsupported opcode, a protocol it does
+    not read): not a checkpoint this project wrote, or damaged; nothing of it was run. A `ValueError`, so a run
+    directory's newest checkpoint that is unreadable is skipped as damage (`callbacks.checkpoint.damage`)."""
+
+    def __init__(self, path: str | os.PathLike, why: str):
+        super().__init__(
+            f"{path}: not readable as a checkpoint: torch's weights-only reader stops at {why}; nothing of it was run. "
+            "Fix: give a checkpoint written by this project (scripts/train.py), or copy the file again if it was cut "
+            "or damaged in transit; a trusted file from another program can be converted with "
+            "torch.load(..., weights_only=False) and torch.save of its tensors")
+        self.path = Path(path)
+
+
 REFUSED = re.compile(r"(?:Unsupported|unsupported) (?:global|GLOBAL)[: ]*(?:GLOBAL )?([\w.]+)|GLOBAL ([\w.]+)")
 """How torch's weights-only unpickler says a file named a global it will not build (`Unsupported global: GLOBAL
 posix.system`, `Trying to load unsupported GLOBAL posix.system`): the file would run code. Other errors of
@@ -50,7 +66,8 @@ the same kind (a file cut short) are damage, not danger."""
 def load_checkpoint_file(path: str | os.PathLike | io.BytesIO, *, mmap: bool = False, name: str | None = None
                          ) -> dict[str, Any]:
     """`torch.load` of a checkpoint file (or bytes) with `weights_only=True`, on the CPU; `UnsafeCheckpoint` when
-    it names a global torch will not build (other errors, a file cut short say, pass through)."""
+    it names a global torch will not build, `UnreadableCheckpoint` when its pickle does not parse (an unsupported
+    opcode); other errors (a zip archive cut short, say) pass through."""
     import torch
 
     try:
@@ -58,7 +75,8 @@ def load_checkpoint_file(path: str | os.PathLike | io.BytesIO, *, mmap: bool = F
     except pickle.UnpicklingError as err:
         named = REFUSED.search(str(err))
         if named is None:
-            raise
+            said = str(err).split("WeightsUnpickler error:")[-1].strip().splitlines()
+            raise UnreadableCheckpoint(name or path, f"'{said[0]}'" if said else type(err).__name__) from None
         raise UnsafeCheckpoint(name or path, f"a reference to {named.group(1) or named.group(2)}") from None
 
 

@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
 
     from hacrl_lightning.agents.sources import AgentLoadError
     from hacrl_lightning.data.benchmarks import BenchmarkLoadError, DataFormatError, get_benchmark, load_benchmark
-    from hacrl_lightning.evaluation import load_eval_agents, plan_benchmarks
+    from hacrl_lightning.evaluation import load_eval_agents, plan_benchmarks, prompt_problems
     from hacrl_lightning.data.tasks import few_shot_pool, load_task, with_few_shot
     from hacrl_lightning.rewards import exclude_unscorable
 
@@ -91,23 +91,39 @@ def main(argv: list[str]) -> int:
         presets = {entry: preset for entry in cfg.agents if (preset := agent_preset(entry)) is not None}
         agents, sources, checkpoints = load_eval_agents(cfg.agents, zoo_cache=cfg.zoo_cache, adjust=adjust,
                                                         trust_remote_code=cfg.trust_remote_code, presets=presets)
-    except (AgentLoadError, BenchmarkLoadError, DataFormatError, FileNotFoundError, KeyError, ValueError) as err:
+        unfit, notes = prompt_problems(agents, benchmarks, few_shot=cfg.few_shot)  # never cut every prompt silently
+        if unfit:
+            raise ConfigError(unfit)
+        for note in notes:
+            print(note)
+    except (AgentLoadError, BenchmarkLoadError, ConfigError, DataFormatError, FileNotFoundError, KeyError,
+            ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(cfg.output_dir).resolve()  # written once agents and benchmarks are loaded: no half-made dir
     created = not out.exists()
+    from hacrl_lightning.evaluation import RewardFailedEverywhere
+
     try:
         return _evaluate(cfg, dcfg, out, agents, sources, checkpoints, benchmarks, plans, rewards, device)
-    except BaseException:  # interrupted or failed before the results: a folder this run made does not stay
+    except BaseException as err:  # interrupted or failed before the results: a folder this run made does not stay
         if created and not (out / "results.md").exists():
             shutil.rmtree(out, ignore_errors=True)
+        if isinstance(err, RewardFailedEverywhere):  # a table of 0.000 would say nothing: one line, status 1
+            print(f"error: {err}", file=sys.stderr)
+            return 1
         raise
 
 
 def _evaluate(cfg, dcfg, out: Path, agents, sources, checkpoints, benchmarks, plans, rewards, device) -> int:
-    from hacrl_lightning.evaluation import build_engines, evaluate_agents, format_table, write_responses, write_results
+    from hacrl_lightning.evaluation import (build_engines, clear_earlier_evaluation, evaluate_agents, format_table,
+                                            strict_scorer, write_responses, write_results)
     from hacrl_lightning.rewards import Reward, RewardPool
 
+    if cfg.overwrite and out.is_dir():  # its own earlier files go whole: none stays beside the new results
+        deleted = clear_earlier_evaluation(out)
+        if deleted:
+            print(f"overwrite: deleted the earlier evaluation's {', '.join(deleted)} in {out}")
     save_resolved(dcfg, out, name="evaluate.yaml")
     for agent in agents.values():
         agent.to(device)
@@ -125,7 +141,7 @@ def _evaluate(cfg, dcfg, out: Path, agents, sources, checkpoints, benchmarks, pl
         pools = {reward: stack.enter_context(RewardPool(Reward.of(reward), workers=cfg.reward_workers,
                                                         timeout_s=cfg.reward_timeout_s))
                  for reward in dict.fromkeys(rewards.values())}
-        results = evaluate_agents(agents, benchmarks, plans, score={b: pools[r].score for b, r in rewards.items()},
+        results = evaluate_agents(agents, benchmarks, plans, score={b: strict_scorer(pools[r], r) for b, r in rewards.items()},
                                   engines=engines, temperature=cfg.temperature, seed=cfg.seed, protocol=cfg.protocol,
                                   sources=sources, checkpoints=checkpoints, progress=print,
                                   responses=responses)

@@ -17,10 +17,11 @@ device's own where CUDA is present, else trainer.gpu_memory_gib, 80 by default);
 the changes that would make it fit, cheapest first, and the plan they reach. train.py runs the same check on a GPU and refuses a
 run that cannot fit (docs/PERFORMANCE.md#the-memory-plan).
 
-Flags: --json PATH (the same figures, with "fits": true|false), --sbatch NODES (print an sbatch script
+Flags: --json PATH (the same figures, with "fits": true|false; a new file, or one an earlier plan.py wrote:
+any other file there is refused untouched), --sbatch NODES (a whole number >= 1: print an sbatch script
 that launches this run on NODES nodes of trainer.devices GPUs; docs/training.md#several-nodes),
---cfg job (print the composed config), -h/--help. Exit status: 0 it fits, 1 it does not, 2 a bad config
-or an agent whose architecture is unknown offline.
+--cfg job (print the composed config), -h/--help. Exit status: 0 it fits, 1 it does not, 2 a usage error
+(a flag's value), a bad config or an agent whose architecture is unknown offline.
 """
 
 from __future__ import annotations
@@ -38,16 +39,56 @@ from hacrl_lightning.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 
 
+WRITER = "scripts/plan.py"
+"""The `written_by` of every --json file: an existing file without it is someone else's, never replaced."""
+
+
+class UsageError(ValueError):
+    """A flag's value plan.py cannot use: one line naming the flag, the value, what is allowed and the fix (exit 2)."""
+
+
 def take_flag(args: list[str], flag: str) -> str | None:
     """Remove `flag VALUE` from args and return VALUE (None when absent)."""
     if flag not in args:
         return None
     i = args.index(flag)
-    if i + 1 >= len(args):
-        raise SystemExit(f"{flag} takes a value, e.g. {flag} {'plan.json' if flag == '--json' else '2'}")
+    example = f"{flag} {'plan.json' if flag == '--json' else '2'}"
+    if i + 1 >= len(args) or args[i + 1].startswith("--"):
+        raise UsageError(f"{flag} takes a value, e.g. {example}")
     value = args[i + 1]
     del args[i : i + 2]
+    if flag in args:
+        raise UsageError(f"{flag} is given twice; give it once, e.g. {example}")
     return value
+
+
+def node_count(value: str) -> int:
+    """--sbatch's NODES: a whole number >= 1, else `UsageError`."""
+    try:
+        nodes = int(value)
+    except ValueError:
+        nodes = 0
+    if nodes < 1 or str(nodes) != value.strip().lstrip("+"):
+        raise UsageError(f"--sbatch: got {value!r}; allowed: a whole number of nodes >= 1; fix: e.g. --sbatch 2")
+    return nodes
+
+
+def json_target_problem(value: str) -> str | None:
+    """Why --json's PATH must not be written (None: a new file, or a plan an earlier plan.py wrote there)."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return f"--json: {value} is a folder; fix: give a file name, e.g. --json {path / 'plan.json'}"
+    if not path.exists():
+        parent = path.parent if str(path.parent) else Path(".")
+        return None if parent.is_dir() else f"--json: {value}: its folder {parent} does not exist; fix: create it first"
+    try:
+        written_by = json.loads(path.read_text()).get("written_by")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        written_by = None
+    if written_by == WRITER:
+        return None
+    return (f"--json: {value} already exists and was not written by {WRITER}; nothing was changed; fix: give a new "
+            "file name, or move that file away")
 
 
 def sbatch_script(overrides: list[str], *, nodes: int, devices: int) -> str:
@@ -78,9 +119,17 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip())
         return 0
     args = list(argv)
-    json_path, nodes = take_flag(args, "--json"), take_flag(args, "--sbatch")
-    overrides, show = parse_cli(args)
     try:
+        json_path, given_nodes = take_flag(args, "--json"), take_flag(args, "--sbatch")
+        nodes = None if given_nodes is None else node_count(given_nodes)
+        refused = json_target_problem(json_path) if json_path is not None else None
+        if refused:
+            raise UsageError(refused)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        overrides, show = parse_cli(args)
         cfg, dcfg = compose_config(overrides)  # values and names only: no hub, file or tokenizer is touched
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -92,7 +141,7 @@ def main(argv: list[str]) -> int:
                                         with_changes)
 
     if nodes is not None:
-        cfg.trainer.num_nodes = int(nodes)
+        cfg.trainer.num_nodes = nodes
     architectures, problems = run_architectures(cfg)
     if problems:
         print(f"error: {ConfigError(problems)}", file=sys.stderr)
@@ -109,10 +158,13 @@ def main(argv: list[str]) -> int:
             print("\nthe plan with those changes:")
             print(plan_memory(with_changes(cfg, changes), architectures, gpu_bytes).table())
     if json_path:
-        Path(json_path).write_text(json.dumps(plan.to_json(changes), indent=2) + "\n")
+        from hacrl_lightning.files import write_atomically
+
+        write_atomically(Path(json_path).expanduser(),
+                         json.dumps({"written_by": WRITER, **plan.to_json(changes)}, indent=2) + "\n")
         print(f"plan: {json_path}")
     if nodes is not None:
-        print("\n# sbatch script:\n" + sbatch_script(overrides, nodes=int(nodes), devices=cfg.trainer.devices))
+        print("\n# sbatch script:\n" + sbatch_script(overrides, nodes=nodes, devices=cfg.trainer.devices))
     return 0 if plan.fits else 1
 
 

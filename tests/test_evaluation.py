@@ -415,3 +415,106 @@ def test_few_shot_evaluates_on_the_prompts_a_few_shot_run_trains_on(script_main,
     _, held_out = load_task(DataConfig(few_shot=2))
     assert [r["question"] for r in records] == [ex.prompt for ex in list(held_out)[:4]]
     assert all(r["question"].count("\\boxed{") == 5 for r in records)  # 2 x (a question's ask, its answer) + its own ask
+
+
+# -- evaluate.py as strict as train.py: the fourth round of hostile inputs (2026-11-28) --------------------------
+
+
+@pytest.fixture(scope="module")
+def earlier_evaluation(tmp_path_factory, zoo_cache) -> Path:
+    """One evaluation of tiny_b with its responses, in a folder of its own (shared by the output-folder tests)."""
+    out = tmp_path_factory.mktemp("earlier") / "eval"
+    status = _script().main(["agents=[zoo:tiny_b]", "benchmarks=[synthetic]", "limit=4", "reward_workers=0",
+                             "save_responses=true", f"output_dir={out}", f"zoo_cache={zoo_cache}"])
+    assert status == 0
+    return out
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("responses", [True, False], ids=["save_responses", "plain"])
+def test_a_second_evaluation_into_its_own_folder_is_refused_naming_it(earlier_evaluation, zoo_cache, capsys,
+                                                                      responses):
+    before = _contents(earlier_evaluation)
+    status = _script().main(["agents=[zoo:tiny_b]", "benchmarks=[synthetic]", "limit=2", "reward_workers=0",
+                             *(["save_responses=true"] if responses else []), f"output_dir={earlier_evaluation}",
+                             f"zoo_cache={zoo_cache}"])
+    err = capsys.readouterr().err
+    assert status == 2 and _contents(earlier_evaluation) == before  # nothing replaced
+    assert f"output_dir: got '{earlier_evaluation}'" in err and "an earlier evaluation of tiny_b" in err
+    assert "responses.jsonl" in err and "results.json" in err and "overwrite=true" in err
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_every_file_of_the_earlier_evaluation(earlier_evaluation, zoo_cache, tmp_path, capsys):
+    out = tmp_path / "eval"
+    shutil.copytree(earlier_evaluation, out)
+    (out / "engine_dirs").mkdir()
+    status = _script().main(["agents=[zoo:tiny_b]", "benchmarks=[synthetic]", "limit=2", "reward_workers=0",
+                             "overwrite=true", f"output_dir={out}", f"zoo_cache={zoo_cache}"])
+    said = capsys.readouterr().out
+    assert status == 0
+    assert sorted(p.name for p in out.iterdir()) == ["evaluate.yaml", "results.json", "results.md"]  # no stale file
+    assert json.loads((out / "results.json").read_text())["benchmarks"]["synthetic"]["problems"] == 2  # the new one
+    assert "deleted the earlier evaluation's evaluate.yaml, results.json, results.md, responses.jsonl" in said
+
+
+@pytest.mark.slow
+def test_a_reward_failing_on_every_answer_stops_evaluate_with_one_line(tmp_path, zoo_cache, capsys):
+    code = tmp_path / "broken.py"
+    code.write_text("def fn(response, gold):\n    raise ZeroDivisionError('boom')\n")
+    out = tmp_path / "eval"
+    status = _script().main(["agents=[zoo:tiny_b]", "benchmarks=[synthetic]", "limit=2", "reward_workers=0",
+                             f"reward={code}:fn", f"output_dir={out}", f"zoo_cache={zoo_cache}"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert status == 1 and not out.exists()
+    assert errors == [f"error: tiny_b on synthetic: reward '{code}:fn' failed on all 2 answers it was given (the "
+                      "first raised ZeroDivisionError: boom); no results were written. Fix: correct the reward and "
+                      "try it on one answer first, or score with another: reward=<name>"]
+
+
+def test_a_few_failed_answers_still_score_zero_and_are_counted(tmp_path):
+    from hacrl_lightning.evaluation import RewardFailedEverywhere, strict_scorer
+    from hacrl_lightning.rewards import Reward, RewardPool
+
+    code = tmp_path / "picky.py"
+    code.write_text("def fn(response, gold):\n    return 1.0 / (gold != 'x')\n")
+    with RewardPool(Reward.of(f"{code}:fn"), workers=0, timeout_s=5) as pool:
+        score = strict_scorer(pool, f"{code}:fn")
+        assert score(["a", "b", "c"], ["1", "x", "2"]) == [1.0, 0.0, 1.0]
+        assert pool.stats["term_failures"] == 1
+        with pytest.raises(RewardFailedEverywhere, match=r"failed on all 2 answers .*ZeroDivisionError"):
+            score(["a", "b"], ["x", "x"])
+    with RewardPool(Reward.of("exact_match", [{"reward": "exact_match", "weight": 1.0},
+                                              {"reward": f"{code}:fn", "weight": 0.5}]), workers=0, timeout_s=5) as pool:
+        with pytest.raises(RewardFailedEverywhere, match=r"its term 'fn'\) failed on all 1 answers"):
+            strict_scorer(pool, "data.rewards")(["\\boxed{x}"], ["x"])
+
+
+@pytest.mark.slow
+def test_few_shot_prompts_longer_than_the_model_are_refused_before_anything_is_written(tmp_path, zoo_cache, capsys):
+    out = tmp_path / "eval"
+    status = _script().main(["agents=[zoo:tiny_b]", "benchmarks=[synthetic]", "limit=2", "few_shot=30",
+                             f"output_dir={out}", f"zoo_cache={zoo_cache}"])
+    err = capsys.readouterr().err
+    assert status == 2 and not out.exists()
+    assert "max_prompt_len (agent tiny_b): got 96" in err and "none of 2 synthetic prompts fits" in err
+    assert "more than the 256 positions of tiny_b's model" in err and "fewer worked examples than few_shot=30" in err
+
+
+def test_a_checkpoint_the_weights_only_reader_cannot_parse_is_one_line(tmp_path, capsys):
+    from hacrl_lightning.safe_load import UnreadableCheckpoint, load_checkpoint_file
+
+    bad = tmp_path / "step_0000001.ckpt"
+    bad.write_bytes(b"\x80\x02\xff")  # pickle protocol 2, then an opcode that does not exist
+    with pytest.raises(UnreadableCheckpoint, match=r"step_0000001.ckpt: not readable as a checkpoint: .*'Unsupported "
+                       r"operand 255'; nothing of it was run\. Fix: give a checkpoint written by this project"):
+        load_checkpoint_file(bad)
+    status = _script().main(["agents=[" + str(bad) + "]", "benchmarks=[synthetic]", "limit=1",
+                             f"output_dir={tmp_path / 'eval'}"])
+    err = capsys.readouterr().err
+    assert status == 2 and "not readable as a checkpoint" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

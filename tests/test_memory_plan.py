@@ -215,8 +215,8 @@ def test_plan_script_json_and_its_changes_fit(script_main, capsys, tmp_path):
     assert [c["total"] for c in plan["changes"]] == sorted((c["total"] for c in plan["changes"]), reverse=True)
     assert plan["changes"][-1]["fits"]
     applied = [o for change in plan["changes"] for o in change["overrides"]]
-    assert main([*overrides, *applied, "--json", str(tmp_path / "fixed.json")]) == 0  # what it says, fits
-    fixed = json.loads((tmp_path / "fixed.json").read_text())
+    assert main([*overrides, *applied, "--json", str(tmp_path / "plan.json")]) == 0  # what it says, fits; its own
+    fixed = json.loads((tmp_path / "plan.json").read_text())  # file replaced
     assert fixed["fits"] is True and fixed["bytes"]["total"] == plan["changes"][-1]["total"]
 
 
@@ -240,6 +240,30 @@ def test_plan_script_writes_an_sbatch_script(script_main, capsys):
     assert "srun python scripts/train.py experiment=paper_model rollout=vllm trainer.micro_batch_size=1 " \
            "trainer.num_nodes=2 trainer.devices=8" in out
     assert "sharded over 16" in out
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--sbatch", "0"], "error: --sbatch: got '0'; allowed: a whole number of nodes >= 1; fix: e.g. --sbatch 2"),
+    (["--sbatch", "abc"], "error: --sbatch: got 'abc'; allowed: a whole number of nodes >= 1; fix: e.g. --sbatch 2"),
+    (["--sbatch", "-2"], "error: --sbatch: got '-2'; allowed: a whole number of nodes >= 1; fix: e.g. --sbatch 2"),
+    (["--sbatch"], "error: --sbatch takes a value, e.g. --sbatch 2"),
+    (["--json", "a.json", "--json", "b.json"], "error: --json is given twice; give it once, e.g. --json plan.json"),
+])
+def test_plan_usage_errors_exit_2_with_one_line(script_main, capsys, args, said):
+    """Exit status 1 means "does not fit": a flag's bad value is a usage error (2), said in one line."""
+    assert script_main("plan")(args) == 2
+    assert capsys.readouterr().err.strip() == said
+
+
+def test_plan_json_never_replaces_a_users_file(script_main, capsys, tmp_path):
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "notes"}\n')
+    assert script_main("plan")(["--json", str(mine)]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --json: {mine} already exists and was not written by "
+                                               "scripts/plan.py; nothing was changed; fix: give a new file name, or "
+                                               "move that file away")
+    assert mine.read_text() == '{"my": "notes"}\n'
+    assert script_main("plan")(["--json", str(tmp_path)]) == 2 and "is a folder" in capsys.readouterr().err
 
 
 def test_an_unknown_architecture_names_the_file_to_add(script_main, capsys, tmp_path):

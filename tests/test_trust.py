@@ -270,13 +270,16 @@ def test_a_cut_short_index_is_damage_not_danger(tmp_path):
     assert damage(directory)  # a reason to skip it (an older checkpoint is used), not a refusal
 
 
-def test_evaluate_replaces_an_earlier_evaluation_of_its_own(tmp_path, zoo_cache):
+def test_evaluate_replaces_an_earlier_evaluation_of_its_own_only_with_overwrite(tmp_path, zoo_cache):
     out = tmp_path / "eval"
     out.mkdir()
-    for name in ("evaluate.yaml", "results.json", "results.md"):
+    for name in ("evaluate.yaml", "results.json", "results.md", "responses.jsonl"):
         (out / name).write_text("earlier\n")
-    compose_evaluate(["agents=[zoo:tiny_a]", "benchmarks=[synthetic]", f"output_dir={out}",
-                      f"zoo_cache={zoo_cache}"], preflight=True)  # its own folder: no overwrite=true needed
+    base = ["agents=[zoo:tiny_a]", "benchmarks=[synthetic]", f"output_dir={out}", f"zoo_cache={zoo_cache}"]
+    with pytest.raises(ConfigError, match=r"output_dir: .*holds an earlier evaluation \(evaluate.yaml, "
+                                          r"responses.jsonl, results.json, results.md\).*overwrite=true"):
+        compose_evaluate(base, preflight=True)  # a second evaluation there would replace the first
+    compose_evaluate([*base, "overwrite=true"], preflight=True)
 
 
 def test_a_link_to_a_checkpoint_resumes_its_own_run(run, tmp_path):
