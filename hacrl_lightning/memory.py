@@ -182,9 +182,18 @@ class Architecture:
         block: r·(in + out) and two tensors (A, B) per adapted layer."""
         if rank <= 0:
             return 0, 0
-        adapted = [(n, i, o) for n, i, o in self.block_linears()
-                   if LORA_TARGETS_ALL in targets or n in {t.rsplit(".", 1)[-1] for t in targets}]
+        adapted = self.lora_layers(targets)
         return self.layers * sum(rank * (i + o) for _, i, o in adapted), self.layers * 2 * len(adapted)
+
+    def lora_layers(self, targets: List[str]) -> List[tuple[str, int, int]]:
+        """The (name, in, out) of each linear layer of a block that LoRA's `targets` (names, or `all-linear`) adapt."""
+        return [(n, i, o) for n, i, o in self.block_linears()
+                if LORA_TARGETS_ALL in targets or n in {t.rsplit(".", 1)[-1] for t in targets}]
+
+    def lora_width(self, targets: List[str]) -> int:
+        """The largest useful LoRA rank on `targets`: the fewest in or out features of an adapted layer (B·A of a
+        higher rank adds parameters and memory, never a direction); 0 when nothing is adapted."""
+        return min((min(i, o) for _, i, o in self.lora_layers(targets)), default=0)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Keys and values of one token in every layer."""
@@ -822,5 +831,32 @@ def memory_problems(cfg: TrainConfig, *, on_gpu: bool) -> List[Problem]:
                     f"{changes}\n  or launch anyway: trainer.ignore_memory_plan=true\n{plan.table()}")]
 
 
+def lora_rank_problems(cfg: TrainConfig) -> List[Problem]:
+    """A LoRA agent whose `lora.rank` is above the width of the layers it targets (`Architecture.lora_width`, from
+    config.json: no weights are read), on any device: such an adapter only grows the run (a rank of 100,000 on a
+    0.9 MB model wrote a 3.7 GB checkpoint). An architecture not known offline is checked when it loads
+    (`agents.lora.apply_lora`)."""
+    from hacrl_lightning.agents.sources import AgentLoadError
+
+    problems = []
+    for name, agent in cfg.agents.items():
+        if agent.lora.rank <= 0:
+            continue
+        try:
+            arch = architecture_of(name, agent, zoo_cache=cfg.zoo_cache)
+        except (UnknownArchitecture, AgentLoadError):
+            continue
+        width = arch.lora_width(list(agent.lora.target_modules))
+        if width and agent.lora.rank > width:
+            layers = sorted({n for n, _, _ in arch.lora_layers(list(agent.lora.target_modules))})
+            problems.append(Problem(f"agents.{name}.lora.rank", agent.lora.rank,
+                                    f"at most {width}, the fewest in or out features of its targeted layers {layers} "
+                                    "(a higher rank adds parameters, never a direction)",
+                                    f"set agents.{name}.lora.rank={min(width, 16)} (ranks of 8 to 64 are usual; "
+                                    f"{width} at most)"))
+    return problems
+
+
 __all__ = ["Architecture", "AgentMemory", "MemoryPlan", "UnknownArchitecture", "architecture_of", "plan_memory",
-           "fixes", "with_changes", "describe_fixes", "memory_problems", "run_architectures", "gpu_memory_bytes"]
+           "fixes", "with_changes", "describe_fixes", "lora_rank_problems", "memory_problems", "run_architectures",
+           "gpu_memory_bytes"]

@@ -430,6 +430,9 @@ def preflight_problems(cfg: TrainConfig, *, free_lengths: Mapping[str, FreeLengt
     problems = _one_few_shot_problem(problems)
     problems += lockstep_problems(cfg, learned)  # after the fitting: the lengths that run
     problems += memory_plan_problems(cfg)  # after the fitting: the plan counts the lengths that run
+    from hacrl_lightning.memory import lora_rank_problems
+
+    problems += lora_rank_problems(cfg)  # a LoRA rank above its layers' width (config.json only), on any device
     if cfg.resume:
         from hacrl_lightning.callbacks.checkpoint import latest_checkpoint
 

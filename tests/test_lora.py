@@ -117,6 +117,26 @@ def test_a_target_the_model_lacks_is_refused_naming_the_ones_it_has(zoo_cache):
     assert "'q_proj'" in message and "'down_proj'" in message and "lm_head" not in message
 
 
+def test_a_rank_above_the_targeted_layers_width_is_refused_before_loading_and_at_load(zoo_cache, model_loads):
+    """`lora.rank=100000` on a 0.9 MB model trained and wrote a 3.7 GB checkpoint (the fourth round of hostile
+    inputs, 2026-11-28): the preflight refuses it from config.json, naming the key, the value, the limit and the fix."""
+    from hacrl_lightning.errors import ConfigError
+    from hacrl_lightning.memory import architecture_of
+
+    width = architecture_of("tiny_b", agent_preset("tiny_b"), zoo_cache=zoo_cache).lora_width(["all-linear"])
+    model_loads.clear()
+    with pytest.raises(ConfigError) as err:
+        compose_config(["agents=[tiny_b]", "algorithm=gspo", "agents.tiny_b.lora.rank=100000", f"zoo_cache={zoo_cache}"],
+                       preflight=True)
+    assert model_loads == []
+    assert (f"agents.tiny_b.lora.rank: got 100000; allowed: at most {width}, the fewest in or out features of its "
+            "targeted layers") in str(err.value) and f"fix: set agents.tiny_b.lora.rank={min(width, 16)}" in str(err.value)
+    compose_config(["agents=[tiny_b]", "algorithm=gspo", f"agents.tiny_b.lora.rank={width}", f"zoo_cache={zoo_cache}"], preflight=True)
+    with pytest.raises(AgentLoadError, match=rf"agents.tiny_b.lora.rank={width + 1} is above {width}, .*Fix: set "
+                                             rf"agents.tiny_b.lora.rank={min(width, 16)}"):
+        lora_agent("tiny_b", zoo_cache, rank=width + 1)  # a model whose architecture the plan did not know
+
+
 class Weights(Callback):
     """Every agent's state dict and its optimizer's state count at the start and the end of training."""
 

@@ -2,7 +2,8 @@
 deployment and a vLLM engine see them.
 
 `apply_lora` wraps a loaded causal LM (the base frozen, an adapter B·A on each target module, B = 0 so the
-wrapped model starts equal to the base); a target the model lacks is refused naming the linear layers it has.
+wrapped model starts equal to the base); a target the model lacks is refused naming the linear layers it has, and
+a rank above the targeted layers' width (`lora_width`) naming the limit.
 `served_items` turns a LoRA model's state dict into the base model's names and weights (W + B·A·alpha/rank,
 in fp32, one module at a time): what an export writes and what `rollout.weight_sync` pushes to an engine.
 `save_adapter` writes the adapter alone (peft's directory) and `load_adapter_dir` reads one back onto its base.
@@ -27,7 +28,7 @@ from torch import nn
 from hacrl_lightning.config import LORA_TARGETS_ALL, LoraConfig
 
 __all__ = ["ADAPTER_DIR", "LoraTargetError", "adapter_disabled", "adapter_state_dict", "apply_lora", "is_lora", "load_adapter_dir",
-           "lora_targets", "require_peft", "save_adapter", "served_items", "served_state_dict", "trainable_parameters"]
+           "lora_targets", "lora_width", "require_peft", "save_adapter", "served_items", "served_state_dict", "trainable_parameters"]
 
 ADAPTER_DIR = "adapter"
 """An export of a LoRA agent holds its adapter alone (peft's files) in this subdirectory."""
@@ -35,7 +36,8 @@ PEFT_PREFIX = "base_model.model."
 
 
 class LoraTargetError(ValueError):
-    """`lora.target_modules` names a module the model does not have, or one that is not a linear layer."""
+    """`lora.target_modules` names a module the model does not have, or one that is not a linear layer; or
+    `lora.rank` is above the width of the layers it targets."""
 
 
 def require_peft():
@@ -78,14 +80,35 @@ def lora_targets(model: nn.Module, lora: LoraConfig, *, key: str) -> list[str] |
     return targets
 
 
+def lora_width(model: nn.Module, targets: list[str] | str) -> tuple[int, list[str]]:
+    """(the fewest in or out features of the layers `targets` adapt, their names): the largest useful rank."""
+    from transformers.pytorch_utils import Conv1D
+
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    wanted = None if targets == LORA_TARGETS_ALL else {t.rsplit(".", 1)[-1] for t in targets}
+    widths: dict[str, int] = {}
+    for name, module in model.named_modules():
+        short = name.rsplit(".", 1)[-1]
+        if not isinstance(module, (nn.Linear, Conv1D)) or module is output or (wanted and short not in wanted):
+            continue
+        widths[short] = min(widths.get(short, min(module.weight.shape)), min(module.weight.shape))
+    return min(widths.values(), default=0), sorted(widths)
+
+
 def apply_lora(model: nn.Module, lora: LoraConfig, *, key: str) -> nn.Module:
     """`model` (a transformers causal LM) as a peft LoRA model: every base weight frozen, an adapter on each
     target (A random, B zero: the wrapped model's outputs equal the base's until a step). A is drawn from a
     generator seeded by `key` (the agent's), not from the process's: every rank, every load order and the
     reference loop (`reference.py`) start from the same adapter."""
     peft = require_peft()
+    targets = lora_targets(model, lora, key=key)
+    width, layers = lora_width(model, targets)
+    if width and lora.rank > width:  # memory.lora_rank_problems says so before loading where config.json is known
+        raise LoraTargetError(f"{key}.rank={lora.rank} is above {width}, the fewest in or out features of its "
+                              f"targeted layers {layers} (a higher rank adds parameters, never a direction). Fix: "
+                              f"set {key}.rank={min(width, 16)} (ranks of 8 to 64 are usual; {width} at most)")
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
-                             target_modules=lora_targets(model, lora, key=key), task_type="CAUSAL_LM")
+                             target_modules=targets, task_type="CAUSAL_LM")
     with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")  # peft sets it for Conv1D
         torch.manual_seed(zlib.crc32(key.encode()))
