@@ -444,9 +444,12 @@ class DataConfig:
     rewards: List[RewardTerm] = setting(factory=list, implied=[])
     """A weighted sum of rewards, `[{reward: math_verify, weight: 1.0}, {reward: 'my.py:fmt', weight: 0.1}]`;
     when given it is the reward (`data.reward` is not used) and each term is logged as `{agent}/reward/<name>`."""
-    reward_workers: int = setting(0, harmless=True)
-    """Worker processes that score rewards with a hard per-item timeout (`RewardPool`); 0 scores
-    in-process with no timeout (fine for exact_match; `data=math` and `data=gsm8k` set 2 for math_verify)."""
+    reward_workers: Optional[int] = setting(None, harmless=True)
+    """Worker processes that score rewards with a hard per-item timeout and crash isolation (`RewardPool`).
+    null: one worker when the reward runs your own code (a `module:function` or `file.py:function` term), so
+    its timeout and isolation hold; in-process for the registered rewards (fine for exact_match; `data=math` and
+    `data=gsm8k` set 2 for math_verify). 0 scores in-process, your code included, with no timeout: ask for it
+    explicitly, and only for code you trust to return promptly."""
     reward_timeout_s: float = 5.0
     """Seconds one response may take to score in a worker; an overrun scores 0.0 and is counted."""
     filter_overlong_prompts: bool = setting(True, implied=False)
@@ -820,8 +823,8 @@ def _check_data(c: Checks, cfg: TrainConfig) -> None:
             c.bad(f"data.rewards[{i}].weight", term.weight, ">= 0", "give each term a non-negative weight")
     if weights and all(w is not None and w >= 0 for w in weights) and not sum(weights) > 0:
         c.bad("data.rewards", weights, "weights that sum to a positive number", "give at least one term a weight > 0")
-    if cfg.data.reward_workers is None or cfg.data.reward_workers < 0:
-        c.bad("data.reward_workers", cfg.data.reward_workers, "an int >= 0",
+    if cfg.data.reward_workers is not None and cfg.data.reward_workers < 0:
+        c.bad("data.reward_workers", cfg.data.reward_workers, "an int >= 0, or null (1 worker for your own code)",
               "0 scores in-process; e.g. data.reward_workers=2 for math_verify")
     if cfg.data.reward_timeout_s is None or not cfg.data.reward_timeout_s > 0:
         c.bad("data.reward_timeout_s", cfg.data.reward_timeout_s, "seconds > 0", "e.g. data.reward_timeout_s=5")

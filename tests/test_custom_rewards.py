@@ -154,7 +154,7 @@ def test_a_reward_that_runs_code_is_taken_from_the_command_line_only(terms, tmp_
     with pytest.raises(ConfigError) as info:
         compose_config([f"hydra.searchpath=[file://{tmp_path}]", "experiment=theirs"])
     (problem,) = info.value.problems
-    assert problem.key == "data.reward" and "add data.reward=... with it to the command line" in problem.fix
+    assert problem.key == "data.reward" and "data.reward=" in problem.fix and "to the command line" in problem.fix
     cfg, _ = compose_config([f"hydra.searchpath=[file://{tmp_path}]", "experiment=theirs", f"data.reward={terms}:half"])
     assert cfg.data.reward == f"{terms}:half"
 

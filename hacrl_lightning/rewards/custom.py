@@ -9,6 +9,11 @@ each term's value, and each term that failed (raised, or returned a value that i
 the reward pool's workers run it with the same timeouts and crash isolation as math-verify. Deliberately
 not here: the pool (pool.py), the registered rewards (exact_match.py, math_verify.py), and the rule that a
 reward running code is named on the command line (`cli.code_reward_problems`).
+
+A reward's code may raise anything, `SystemExit`, `KeyboardInterrupt` and `GeneratorExit` included: that is its
+failure (a term that scores 0 and is named; a file that cannot be loaded), never the end of the run. Only a
+signal that really arrived while it ran (a Ctrl-C, a SIGTERM) goes on as the user's: `watch_signals` counts
+them, `raised_by_code` tells the two apart.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ import importlib
 import importlib.util
 import inspect
 import math
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 from hacrl_lightning.errors import suggest
 from hacrl_lightning.rewards.registry import get_reward
@@ -42,6 +50,65 @@ class Scored(NamedTuple):
     failures: tuple[tuple[str, str], ...]
 
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals a run handles (callbacks/interrupt.py): one of them arriving while a reward runs is the user's."""
+
+
+class _Signals:
+    seen = 0
+    """Signals that arrived while `watch_signals` was on."""
+    watching = 0
+    in_worker = False
+    """True in a reward worker process: no signal reaches its Python code (pool.py), so whatever it raises is
+    the reward's."""
+
+
+def signals_seen() -> int:
+    """A count to take before running a reward's code and hand to `raised_by_code` after it."""
+    return _Signals.seen
+
+
+@contextmanager
+def watch_signals() -> Iterator[None]:
+    """While rewards run in this process: count every SIGINT/SIGTERM/SIGHUP that arrives (each handler set
+    is still called, first), so that a `KeyboardInterrupt` a reward raises itself is told from a real Ctrl-C.
+    Main thread only (elsewhere no signal handler runs and nothing is needed)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wrapped = {}
+    for signum in SIGNALS:
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            def counting(number, frame, handler=handler):
+                _Signals.seen += 1
+                return handler(number, frame)
+
+            wrapped[signum] = (handler, counting)
+            signal.signal(signum, counting)
+    _Signals.watching += 1
+    try:
+        yield
+    finally:
+        _Signals.watching -= 1
+        for signum, (handler, counting) in wrapped.items():
+            if signal.getsignal(signum) is counting:  # a handler set meanwhile stays
+                signal.signal(signum, handler)
+
+
+def raised_by_code(error: BaseException, seen_before: int) -> bool:
+    """Whether `error`, raised while a reward's code ran, is the code's own failure (True) or a signal's, to
+    be raised on (False): an `Exception` always is the code's; any other (`SystemExit`, `KeyboardInterrupt`,
+    `GeneratorExit`, a run's own interrupt) is the code's in a worker and, in this process, when no signal
+    arrived meanwhile (under `watch_signals`; unwatched, only `SystemExit` and `GeneratorExit`, which no
+    signal raises)."""
+    if isinstance(error, Exception) or _Signals.in_worker:
+        return True
+    if _Signals.watching:
+        return _Signals.seen == seen_before
+    return isinstance(error, (SystemExit, GeneratorExit))
+
+
 def is_code(spec: str) -> bool:
     """True for `module:function` and `path.py:function` (code of the user's), False for a registered name."""
     return ":" in str(spec)
@@ -60,11 +127,17 @@ def load_function(spec: str, *, key: str = "data.reward") -> Callable[..., Any]:
         module = _module_from_file(path, key, spec)
         where = str(path)
     else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as err:
-            raise RewardError(f"{key}={spec!r}: no module {target!r} can be imported ({err}); fix: install it, "
-                              "or give the file instead: path/to/file.py:function") from None
+        before = signals_seen()
+        with watch_signals():  # the signal count is read inside: a real Ctrl-C is told from the module's own
+            try:
+                module = importlib.import_module(target)
+            except ImportError as err:
+                raise RewardError(f"{key}={spec!r}: no module {target!r} can be imported ({err}); fix: install it, "
+                                  "or give the file instead: path/to/file.py:function") from None
+            except BaseException as err:
+                if not raised_by_code(err, before):
+                    raise
+                raise RewardError(_import_failed(key, spec, f"module {target}", err)) from None
         if module.__name__ == "__main__":
             raise RewardError(f"{key}={spec!r}: a function of the script that is running cannot be imported by the "
                               "reward workers; fix: put it in a file and give path/to/file.py:function")
@@ -84,12 +157,24 @@ def _module_from_file(path: Path, key: str, spec: str):
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[module_name] = module
-    try:
-        loader_spec.loader.exec_module(module)
-    except Exception as err:
-        del sys.modules[module_name]
-        raise RewardError(f"{key}={spec!r}: importing {path} raised {type(err).__name__}: {err}; fix the file") from None
+    before = signals_seen()
+    with watch_signals():
+        try:
+            loader_spec.loader.exec_module(module)
+        except BaseException as err:
+            del sys.modules[module_name]
+            if not raised_by_code(err, before):  # a real Ctrl-C while it imported
+                raise
+            raise RewardError(_import_failed(key, spec, str(path), err)) from None
     return module
+
+
+def _import_failed(key: str, spec: str, where: str, err: BaseException) -> str:
+    if isinstance(err, Exception):
+        return f"{key}={spec!r}: importing {where} raised {type(err).__name__}: {err}; fix the file"
+    return (f"{key}={spec!r}: importing {where} raised {err!r} (the file's own code, not a Ctrl-C or an exit "
+            "of this run); a reward file defines functions and must not stop the process when imported; fix the "
+            "file")
 
 
 def _caller(fn: Callable[..., Any]) -> Callable[[str, str, Mapping[str, Any]], Any]:
@@ -162,10 +247,14 @@ class Reward:
     def __call__(self, response: str, gold: str, extras: Optional[Mapping[str, Any]] = None) -> Scored:
         parts, failures = [], []
         for (name, _, _), fn in zip(self.terms, self.functions()):
+            before = signals_seen()
             try:
                 value = float(fn(response, gold, extras or {}))
-            except Exception as err:  # noqa: BLE001 - a term that fails scores 0 and is named
-                failures.append((name, f"raised {type(err).__name__}: {err}"))
+            except BaseException as err:  # noqa: BLE001 - a term that fails scores 0 and is named
+                if not raised_by_code(err, before):
+                    raise
+                failures.append((name, f"raised {type(err).__name__}: {err}" if isinstance(err, Exception)
+                                 else f"raised {err!r}"))
                 value = 0.0
             else:
                 if not (math.isfinite(value) and RANGE[0] <= value <= RANGE[1]):
@@ -175,11 +264,34 @@ class Reward:
         total = sum(weight * part for (_, _, weight), part in zip(self.terms, parts))
         return Scored(total, tuple(parts), tuple(failures))
 
+    def missing_fields(self, extras: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+        """(term, spec, field) of each field a code term asks for by name, without a default, that none of
+        `extras` (a batch's rows) has: every item of it would fail, so the run stops on the first batch."""
+        have = set().union(*(set(row) for row in extras)) if extras else set()
+        missing = []
+        for name, spec, _ in self.terms:
+            if not is_code(spec):
+                continue
+            for field in _required_fields(load_function(spec)):
+                if field not in have:
+                    missing.append((name, spec, field))
+        return missing
+
     def __getstate__(self) -> dict[str, Any]:
         return {"terms": self.terms, "registered_functions": self.registered_functions, "_fns": None}  # code loads again
 
     def __repr__(self) -> str:
         return f"Reward({list(self.terms)})"
+
+
+def _required_fields(fn: Callable[..., Any]) -> list[str]:
+    """The example fields `fn` asks for by name with no default (`_caller`'s rule: after response and gold)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[2:]
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.name != "extras" and p.default is inspect.Parameter.empty
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
 
 
 def term_name(spec: str) -> str:
