@@ -11,7 +11,8 @@ untouched, `overwrite=true` or not. If anything fails before training starts, `R
 removes the directory again when this claim created it, so no half-made run is left behind.
 `lock_directory` is the lock alone, also taken by `scripts/compare.py` on its output directory.
 `output_dir_problem` is the rule of the other commands' output folders (evaluate.py's `output_dir`,
-compare.py's `out`): a new or empty folder, or one of theirs, else `overwrite=true`.
+compare.py's `out`): a new or empty folder, or one of theirs, else `overwrite=true`. `name_problem` refuses a
+path with a name longer than its filesystem allows (255 bytes per name on most) before anything is made.
 
 Only rank zero claims: under data parallelism the other ranks (which Lightning re-launches, or a
 cluster launcher starts beside it) write into the directory rank zero holds. Deliberately not here:
@@ -157,11 +158,48 @@ def _mark(path: Path) -> None:
     (path / MARKER_NAME).write_text(MARKER_TEXT)
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long to look up
+        return False
+
+
+def name_problem(path: str | os.PathLike, *, key: str = "run_dir") -> Optional[Problem]:
+    """The problem with a path one of whose names is longer than its filesystem allows (NAME_MAX of the nearest
+    existing folder, 255 bytes where it cannot be asked), or whose whole length is (PATH_MAX); None when it fits."""
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    existing = next((p for p in (path, *path.parents) if _exists(p)), Path("/"))
+    limits = []
+    for name, default in (("PC_NAME_MAX", 255), ("PC_PATH_MAX", 4096)):
+        try:
+            limits.append(os.pathconf(existing, name))
+        except (OSError, ValueError):
+            limits.append(default)
+    name_max, path_max = limits
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > name_max:
+            shown = part if len(part) <= 40 else f"{part[:20]}...{part[-12:]}"
+            return Problem(key, shown, f"names of at most {name_max} bytes each (the filesystem's limit per path "
+                                       "component)",
+                           f"the name {shown!r} in it is {size} bytes, too long for the filesystem; nothing was "
+                           f"made: choose a {key} with a shorter name")
+    if len(os.fsencode(str(path))) + 64 > path_max:  # room for the run's own files inside it
+        return Problem(key, f"{str(path)[:40]}...", f"a path of at most {path_max - 64} bytes",
+                       f"it is {len(os.fsencode(str(path)))} bytes, too long for the files a run writes inside it; "
+                       f"nothing was made: choose a shorter {key}")
+    return None
+
+
 def claim_run_dir(path: str | os.PathLike, *, resuming: bool, overwrite: bool, rank: int = 0) -> RunDir:
     """Lock `path` for this run and check that it may be written; raises ConfigError naming the fix.
 
     `resuming`: the run continues the one in `path` (its checkpoint is there); `overwrite`: the user
     asked for a fresh run in place of the one there. Ranks other than zero only get the path."""
+    too_long = name_problem(path)
+    if too_long:
+        raise ConfigError([too_long])
     path = Path(path).resolve()
     if rank != 0:
         return RunDir(path, created=False)

@@ -11,11 +11,13 @@ run directory and a resume may hold (`run_dir.py`, `resume.py`) and any training
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
 import time
-from datetime import datetime
+import threading
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.algorithms.capability import CapabilityWindow
 from hacrl_lightning.callbacks.capability import CapabilityCallback
-from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, StepCheckpoint, latest_checkpoint, newest_weights, \
-    resume_checkpoint
+from hacrl_lightning.callbacks.checkpoint import CHECKPOINT_RE, LocalCheckpointIO, StepCheckpoint, latest_checkpoint, \
+    newest_weights, resume_checkpoint
 from hacrl_lightning.callbacks.interrupt import RunInterrupted, StopOnSignal, catch_signals, signals_deferred
 from hacrl_lightning.callbacks.no_signal import NoSignalWarning
 from hacrl_lightning.callbacks.clip_schedule import StepwiseClipCallback
@@ -39,7 +41,7 @@ from hacrl_lightning.callbacks.weight_sync import WeightSyncCallback
 from hacrl_lightning.config import TrainConfig
 from hacrl_lightning.console import quiet_libraries
 from hacrl_lightning.data.records import PromptDataset
-from hacrl_lightning.errors import ConfigError, RunFailed
+from hacrl_lightning.errors import ConfigError, Problem, RunFailed
 from hacrl_lightning.files import write_atomically
 from hacrl_lightning.data.tasks import load_task, task_check_texts
 from hacrl_lightning.datamodule import RolloutDataModule
@@ -177,6 +179,7 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, callbacks: list[pl.Callback])
         accelerator=tr.accelerator, devices=tr.devices, num_nodes=tr.num_nodes, strategy=make_strategy(tr),
         precision=lightning_precision(tr), max_epochs=1, logger=logger, callbacks=[*callbacks, ConfigHParams(cfg)],
         log_every_n_steps=tr.log_every, enable_checkpointing=False, use_distributed_sampler=False,
+        plugins=[LocalCheckpointIO()],  # checkpoints written where they live, not first in $TMPDIR
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(run_dir),
         enable_progress_bar=interactive(),  # not a terminal: PlainProgress prints lines instead
     )
@@ -199,6 +202,7 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
     `extra_callbacks` are appended to the run's own."""
     started = time.time() if started is None else started
     quiet_libraries()
+    _file_size_limit_raises()
     rank = launch_rank(cfg.trainer.devices)
     run_dir = Path(cfg.run_dir).resolve()
     with catch_signals():
@@ -209,6 +213,8 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
         continuing = source is not None and run_dir_of(source) == run_dir
         run = claim_run_dir(run_dir, resuming=continuing, overwrite=cfg.overwrite, rank=rank)
         try:
+            if rank == 0 and (unwritable := checkpoints_problem(run_dir)):
+                raise ConfigError([unwritable])
             changes = _check_resume(cfg, source) if source is not None else {}
             pl.seed_everything(cfg.seed, workers=True, verbose=False)
             module, datamodule, callbacks, roles = build_system(cfg, run_dir, started=started)
@@ -248,12 +254,19 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
                 _write_failed_summary(trainer, run_dir, make_summary(cfg, module, roles, {}, status=status, error=error,
                                                                      overlong=datamodule.overlong))
                 raise
-            if cfg.trainer.keep_at_end != "checkpoint" and status == "completed" and rank == 0:
+            prune = cfg.trainer.keep_at_end != "checkpoint" and status == "completed"
+            try:  # the summary first: nothing is deleted until it is on disk
+                summary = make_summary(cfg, module, roles, exports, status=status, resumed_from=source, skipped=skipped,
+                                       changes=changes, overlong=datamodule.overlong, pruned=prune)
+                _write_summary(trainer, run_dir, summary)
+            except Exception as err:  # noqa: BLE001 - named in one line; every checkpoint is kept
+                raise RunFailed(f"summary.json not written in {run_dir} ({type(err).__name__}: {err}). The training is "
+                                f"complete and its checkpoints are kept (trainer.keep_at_end={cfg.trainer.keep_at_end} "
+                                f"deletes them only once the summary is written). Fix: remove the cause, then run the "
+                                f"same command with resume={run_dir}") from None
+            if prune and rank == 0:
                 for path in _checkpoint_files(run_dir / "checkpoints"):  # the weights, or the exports, are what stays
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
-            summary = make_summary(cfg, module, roles, exports, status=status, resumed_from=source, skipped=skipped,
-                                   changes=changes, overlong=datamodule.overlong)
-            _write_summary(trainer, run_dir, summary)
             return summary
         finally:
             run.release()
@@ -276,6 +289,36 @@ def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, An
     if problems:
         raise ConfigError(problems)
     return changes
+
+
+def checkpoints_problem(run_dir: Path) -> Problem | None:
+    """The run's `checkpoints/` folder (a link to another disk included) when this user cannot write it: found
+    before any step is trained (a real file created and removed there, so a read-only mount counts even for root),
+    not as a failed save after one."""
+    folder = run_dir / "checkpoints"
+    if not folder.exists() and not folder.is_symlink():
+        return None  # made inside the run directory, which the claim has just written
+    try:
+        probe = folder / f".write_probe.{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+        return None
+    except OSError as err:
+        return Problem("run_dir", str(run_dir), "a run directory whose checkpoints/ folder this user can write",
+                       f"cannot write {folder} ({err.strerror}); nothing was trained: make it writable "
+                       f"(chmod u+w {folder}, or remount it read-write), or choose another run_dir")
+
+
+def _file_size_limit_raises() -> None:
+    """A file size limit (`ulimit -f`) kills a process that writes past it (SIGXFSZ) unless the signal is ignored;
+    ignored, the write fails with EFBIG, which a checkpoint's message names (`checkpoint._cause`). Only where a
+    limit is set, and only from the main thread (where signal handlers are installed)."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_FSIZE)[0] == resource.RLIM_INFINITY:
+        return
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
@@ -359,16 +402,22 @@ def _write_failed_summary(trainer: pl.Trainer, run_dir: Path, summary: dict[str,
 
 
 def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds).astimezone().isoformat(timespec="seconds")
+    """`seconds` as local ISO time with its offset; in UTC where the local zone cannot be written (a `TZ` whose
+    offset is out of range, such as `UTC+24:30`, which `datetime` refuses): a finished run never fails on it."""
+    try:
+        return datetime.fromtimestamp(seconds).astimezone().isoformat(timespec="seconds")
+    except (ValueError, OverflowError, OSError):
+        return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
 
 
 def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Callback], exports: dict[str, str], *,
                  status: str, error: str | None = None, resumed_from: Path | None = None, skipped: list = (),
-                 changes: dict | None = None, overlong: dict | None = None) -> dict[str, Any]:
+                 changes: dict | None = None, overlong: dict | None = None, pruned: bool = False) -> dict[str, Any]:
     """summary.json: how the run ended, its clocks over all sessions, each agent's counters and held-out
     figures (before and after; `final` is the last evaluation, which an interrupted run may not have
     reached), the evaluation history, what a resume started from, and the prompts dropped at set-up for being
-    too long for an agent (`overlong`: per split, from `RolloutDataModule.overlong`)."""
+    too long for an agent (`overlong`: per split, from `RolloutDataModule.overlong`). `pruned`: the full checkpoints
+    are deleted right after the summary is written (`trainer.keep_at_end`), so it names none."""
     evaluation, timer, stop = roles["evaluation"], roles["timer"], roles["stop"]
     agents = {}
     for name in module.names:
@@ -381,7 +430,7 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Call
             "diagnostics": diagnostics_summary(module.diagnostics, name),
             "rollout_logp_diff": mismatch_summary(module.diagnostics, name),
         }
-    checkpoints = _newest_checkpoint(Path(cfg.run_dir).resolve())
+    checkpoints = None if pruned else _newest_checkpoint(Path(cfg.run_dir).resolve())
     weights = newest_weights(Path(cfg.run_dir).resolve())
     return {
         "status": status,

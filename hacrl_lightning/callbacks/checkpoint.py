@@ -23,6 +23,12 @@ anyway go first (never the newest), and if that is not enough nothing is written
 all the same (another writer filled the disk, a quota) removes its `.partial`. Either way the older
 checkpoints stay intact and `resume=<run dir>` continues from the newest once there is space.
 
+Every checkpoint is written where it will live: `LocalCheckpointIO` (the Trainer's checkpoint plugin) writes the
+`.partial` file itself, never a whole copy in `$TMPDIR` first (Lightning's own save goes through fsspec's temporary
+file, so a small temporary folder failed every checkpoint), so the free-space check measures the disk the file goes
+to. A failed write is told by its cause: no space (free space, `resume=`), a file size limit (`ulimit -f`: EFBIG,
+and the limit is checked before each save: `size_limit_shortfall`) or a folder this user cannot write.
+
 Test hook: with `HACRL_CRASH_IN_CHECKPOINT=<step>` in the environment, the process cuts the temporary
 file of that step's checkpoint to half its size and kills itself with SIGKILL, before the rename:
 a deterministic "killed in the middle of writing" (tests/test_reliability.py).
@@ -30,14 +36,18 @@ a deterministic "killed in the middle of writing" (tests/test_reliability.py).
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import re
+import resource
 import shutil
 import signal
 import time
 from pathlib import Path
 
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback
 
 from hacrl_lightning.errors import RunFailed
@@ -86,7 +96,7 @@ def save_atomically(trainer, path: Path, *, weights_only: bool = False) -> Path:
         if trainer.is_global_zero:
             _remove(partial)
         reason = f"the write failed ({_reason(error)})" if error else "another rank's write failed"
-        raise CheckpointNotSaved(not_saved_message(path, reason))
+        raise CheckpointNotSaved(not_saved_message(path, reason, cause=_cause(error)))
     if trainer.is_global_zero:
         _crash_hook(partial)
         if path.exists():
@@ -107,6 +117,48 @@ def _attempt(write) -> BaseException | None:
     except (OSError, CheckpointException) as err:
         return err
     return None
+
+
+class LocalCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch checkpoint writer, writing the file at the path it is given (the `.partial` that
+    `save_atomically` renames) and nowhere else: Lightning's own goes through an fsspec transaction, which writes the
+    whole checkpoint into `$TMPDIR` first. The state is serialised in memory (as Lightning's is) and written with
+    Python's file calls, so a failed write raises the `OSError` that names its cause (torch's own file writer
+    reports any failure as a `RuntimeError` without its errno)."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError("LocalCheckpointIO.save_checkpoint(..., storage_options=...) is not supported")
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(buffer.getbuffer())
+
+
+def _cause(error: BaseException | None) -> str:
+    """What a failed write needs from the user: `space` (free space), `limit` (a file size limit, EFBIG) or
+    `access` (a folder or filesystem this user cannot write)."""
+    failures = getattr(error, "failures", None)
+    errors = [f[0] for f in failures.values()] if isinstance(failures, dict) else [error]
+    numbers = {getattr(e, "errno", None) for e in errors}
+    if errno.EFBIG in numbers:
+        return "limit"
+    if numbers & {errno.EACCES, errno.EPERM, errno.EROFS}:
+        return "access"
+    return "space"
+
+
+def size_limit_shortfall(estimate: int) -> str | None:
+    """Why a file of about `estimate` bytes is above this process's file size limit (`ulimit -f`,
+    RLIMIT_FSIZE), or None (no limit, or it fits)."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    need = int(estimate * SPACE_MARGIN[0])
+    if limit == resource.RLIM_INFINITY or limit >= need:
+        return None
+    return (f"it needs about {_mb(need)} in one file and this process's file size limit (ulimit -f, RLIMIT_FSIZE) "
+            f"is {_mb(limit)}")
 
 
 def _reason(error: BaseException) -> str:
@@ -153,19 +205,24 @@ def _mb(size: int) -> str:
     return f"{size / 1e6:,.1f} MB"
 
 
-def not_saved_message(path: Path, reason: str) -> str:
-    """What a checkpoint that was not saved costs and how to go on: the newest intact one and `resume=`, or,
-    where none was saved yet, a fresh start."""
+def not_saved_message(path: Path, reason: str, *, cause: str = "space") -> str:
+    """What a checkpoint that was not saved costs and how to go on: the fix for its `cause` (`_cause`: free space,
+    raise the file size limit, make the folder writable), then the newest intact one and `resume=`, or, where
+    none was saved yet, a fresh start."""
     run = run_dir_of(path)
-    match = CHECKPOINT_RE.match(path.name)
+    match = CHECKPOINT_RE.match(path.name) or WEIGHTS_RE.match(path.name)
     step = int(match.group(1)) if match else path.name
     older = _checkpoints(path.parent) if path.parent.is_dir() else []
     head = f"checkpoint of step {step} not saved in {path.parent}: {reason}; nothing of it is left on disk. "
+    fix = {"space": f"free space there (or move {run} to a larger disk)" if older
+           else "free space there, or choose a run_dir on a larger disk",
+           "limit": "this is the file size limit, not a full disk: raise it (ulimit -f unlimited in the shell "
+                    "that starts the run)",
+           "access": f"this user cannot write {path.parent}: make it writable (chmod u+w {path.parent}), or "
+                     "choose a run_dir this user can write"}[cause]
     if older:
-        return head + (f"The newest checkpoint, {older[-1].name}, is intact: free space there (or move {run} to a "
-                       f"larger disk), then continue with resume={run}")
-    return head + (f"No checkpoint was saved before it: free space there, or choose a run_dir on a larger disk, then "
-                   f"start again (overwrite=true to reuse {run})")
+        return head + f"The newest checkpoint, {older[-1].name}, is intact: {fix}, then continue with resume={run}"
+    return head + f"No checkpoint was saved before it: {fix}, then start again (overwrite=true to reuse {run})"
 
 
 def _crash_hook(partial: Path) -> None:
@@ -313,7 +370,7 @@ class StepCheckpoint(Callback):
             shortfall = self._make_room(first)
         shortfall = trainer.strategy.broadcast(shortfall, src=0)  # rank zero's disk decides for all (a collective)
         if shortfall:
-            raise CheckpointNotSaved(not_saved_message(path, shortfall))
+            raise CheckpointNotSaved(not_saved_message(path, shortfall[0], cause=shortfall[1]))
         save_atomically(trainer, path)
         self._saved_step, self._last_save = step, time.monotonic()
         if trainer.is_global_zero:
@@ -328,22 +385,26 @@ class StepCheckpoint(Callback):
         shares = dict(on_every_rank((tuple(getattr(pl_module, "local", ())), state_bytes(trainer, pl_module))))
         return sum(shares.values())
 
-    def _make_room(self, first_estimate: int) -> str | None:
-        """Rank zero, before a save: None when the checkpoint fits (`space_shortfall`; its size estimated from
+    def _make_room(self, first_estimate: int) -> tuple[str, str] | None:
+        """Rank zero, before a save: None when the checkpoint fits (`size_limit_shortfall`, `space_shortfall`; its
+        size estimated from
         the newest checkpoint, else `first_estimate`: the state's bytes), after removing, where space is short, the old
         checkpoints this save would prune anyway (never the newest) and any `.partial` left by a write that was
-        killed or failed; else why it does not fit."""
+        killed or failed; else why it does not fit and its cause (`_cause`'s words)."""
         for stale in self.directory.glob("*.ckpt.partial"):
             _remove(stale)
         old = _checkpoints(self.directory)
         estimate = _size(old[-1]) if old else first_estimate
+        limit = size_limit_shortfall(estimate)
+        if limit:
+            return limit, "limit"
         shortfall = space_shortfall(self.directory, estimate)
         prunable = old[: max(0, min(len(old) - 1, len(old) + 1 - self.keep))]
         if shortfall and prunable:
             for stale in prunable:
                 _remove(stale)
             shortfall = space_shortfall(self.directory, estimate)
-        return shortfall
+        return (shortfall, "space") if shortfall else None
 
     def _time_is_up(self, trainer) -> bool:
         """Rank zero's clock decides, so all ranks save together (the save is a collective)."""
@@ -359,10 +420,13 @@ class StepCheckpoint(Callback):
         if trainer.is_global_zero:
             self.directory.mkdir(parents=True, exist_ok=True)
             weights = sum(t.numel() * t.element_size() for t in pl_module.state_dict().values())
-            shortfall = space_shortfall(self.directory, weights)
+            limit = size_limit_shortfall(weights)
+            shortfall = (limit, "limit") if limit else None
+            if shortfall is None and (space := space_shortfall(self.directory, weights)):
+                shortfall = (space, "space")
         shortfall = trainer.strategy.broadcast(shortfall, src=0)
         if shortfall:
-            raise CheckpointNotSaved(not_saved_message(path, shortfall))
+            raise CheckpointNotSaved(not_saved_message(path, shortfall[0], cause=shortfall[1]))
         save_atomically(trainer, path, weights_only=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
