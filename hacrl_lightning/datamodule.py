@@ -403,16 +403,20 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def _evaluate_one(self, name: str, examples: list[Example], *, samples: int, step: int) -> dict[str, float]:
         from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k
+        from hacrl_lightning.callbacks.evaluation import held_out_figures
 
         agent, engine, score = self.agents[name], self.engines[name], self.reward_pool.score
         j = self.names.index(name)
         rank = self._share[0]  # this rank's place among those answering for this agent
         greedy = answer_rewards(agent, engine, examples, samples=1, temperature=0.0, score=score,
                                 seed=step_seed(self.seed, step, 5 + 1000 * j + 7 * rank))          # [P, 1]
-        row = {"acc": float(greedy.mean()) if len(examples) else 0.0}
+        terms = getattr(self.reward, "terms", None)  # acc is the verifier's (first term's), never a weighted sum
+        greedy, figures = held_out_figures(greedy, self.reward_pool.parts, terms)
+        row = {"acc": float(greedy.mean()) if len(examples) else 0.0, **figures}
         if samples > 1:
             hits = answer_rewards(agent, engine, examples, samples=samples, temperature=None, score=score,
                                   seed=step_seed(self.seed, step, 9 + 1000 * j + 7 * rank))
+            hits = held_out_figures(hits, self.reward_pool.parts, terms)[0]
             row[f"avg@{samples}"] = float(avg_at_k(hits))
             row[f"pass@{samples}"] = float(pass_at_k(hits, samples))
         return row

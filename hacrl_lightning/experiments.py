@@ -43,11 +43,14 @@ DIAGNOSTIC_COLUMNS = ("cross_nograd_frac_correct", "cross_nograd_frac_wrong", "s
 """The run's diagnostics (summary.json `agents.*.diagnostics`, docs/training.md#diagnostics): means over its
 steps; `omega_first` / `omega_mean` / `omega_last` are the means over partners of each partner's ω at the first
 step, over all steps and at the last step (ω over time). nan where the run has none."""
-RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "rollouts_generated", "responses_trained",
+RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "initial_reward", "final_reward",
+                  "rollouts_generated", "responses_trained",
                   "optimizer_updates", "wall_s", "n_agents", "steps", "step_s", *DIAGNOSTIC_COLUMNS, "arm_runs",
                   "arm_runs_planned")
 """Columns of `results.csv`, one row per method (arm) x agent x seed of a finished run; `arm_runs` of the
-arm's `arm_runs_planned` runs (seeds) have finished, what a mean over the arm rests on."""
+arm's `arm_runs_planned` runs (seeds) have finished, what a mean over the arm rests on. `*_acc`: the held-out
+accuracy of the verifier (the reward's first term); `*_reward`: the held-out mean of the weighted `data.rewards`
+sum (equal to the accuracy for a single unweighted reward)."""
 STATES = ("finished", "interrupted", "failed", "stale", "extended", "unfinished")
 """`RunSpec.state`: finished (a result); interrupted (resumable); failed; stale (ran under another config, or
 read files whose contents have changed since); extended (continued by hand past the planned steps: no result,
@@ -384,6 +387,8 @@ def result_rows(spec: RunSpec, summary: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({
             "method": spec.arm.name, "agent": agent, "seed": spec.seed,
             "initial_acc": row["initial"].get("acc", math.nan), "final_acc": row["final"].get("acc", math.nan),
+            "initial_reward": row["initial"].get("reward", row["initial"].get("acc", math.nan)),
+            "final_reward": row["final"].get("reward", row["final"].get("acc", math.nan)),
             "rollouts_generated": row["rollouts_generated"], "responses_trained": row["responses_trained"],
             "optimizer_updates": row["optimizer_updates"], "wall_s": summary["wall_s"],
             "n_agents": len(summary["agents"]), "steps": summary["steps"], "step_s": summary.get("step_s", math.nan),
@@ -467,6 +472,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, allow_partial: bool = False) ->
             table.append({"method": method, "agent": agent, "seeds": len(group), "runs": len(group),
                           "planned": planned, "partial": True,
                           **{key: math.nan for key in ("initial_acc", "final_acc", "final_ci", "gain", "gain_ci",
+                                                       "final_reward",
                                                        *_COST_KEYS, *DIAGNOSTIC_COLUMNS)}})
             continue
         final, final_ci = mean_ci([r["final_acc"] for r in group])
@@ -476,6 +482,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, allow_partial: bool = False) ->
             "partial": len(group) < planned,
             "initial_acc": sum(r["initial_acc"] for r in group) / len(group),
             "final_acc": final, "final_ci": final_ci, "gain": gain, "gain_ci": gain_ci,
+            "final_reward": _nan_mean([r.get("final_reward", r["final_acc"]) for r in group]),
             **{key: sum(r[key] for r in group) / len(group) for key in _COST_KEYS},
             **{key: _nan_mean([r.get(key, math.nan) for r in group]) for key in DIAGNOSTIC_COLUMNS},
         })
@@ -569,23 +576,29 @@ def markdown_report(table: Sequence[dict[str, Any]], gaps: Sequence[dict[str, An
                     notes: Sequence[str] = (), equal_rollout: Sequence[dict[str, Any]] = ()) -> str:
     """`results.md`: the per-method table, the paired gaps to the reference (at the end of the runs, and at an
     equal number of rollouts generated), and the diagnostics."""
+    weighted = any(not math.isnan(r.get("final_reward", math.nan)) and r.get("final_reward") != r["final_acc"]
+                   for r in table)
+    reward_head, reward_rule = (" final reward |", "---:|") if weighted else ("", "")
     lines = [f"# {title}", "", *notes, "" if notes else "",
-             "Final held-out accuracy: mean over seeds ± half-width of the 95% Student-t interval. "
+             "Final held-out accuracy: the verifier's (the reward's first term: right or wrong), mean over seeds ± "
+             "half-width of the 95% Student-t interval. "
              "Gain = final − initial accuracy of the same agent, per seed. Costs are per agent per run. Runs: "
              "the finished runs (seeds) each mean rests on, of those planned; a run that was interrupted or "
-             "failed is no result.", "",
-             "| method | agent | runs | initial acc | final acc | gain | rollouts generated | responses trained "
-             "| updates | s/step |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "failed is no result." + (" Final reward: the mean weighted `data.rewards` sum on the same answers "
+                                        "(it may exceed 1)." if weighted else ""), "",
+             "| method | agent | runs | initial acc | final acc | gain |" + reward_head + " rollouts generated | "
+             "responses trained | updates | s/step |",
+             "|---|---|---:|---:|---:|---:|" + reward_rule + "---:|---:|---:|---:|"]
     for r in table:
         runs = f"{r['runs']} of {r['planned']}"
         if r.get("partial") and math.isnan(r["final_acc"]):
             lines.append(f"| {r['method']} | {r['agent']} | {runs} | – | no mean: {runs} planned runs finished "
-                         "(allow_partial=true shows it) | – | – | – | – | – |")
+                         "(allow_partial=true shows it) | – |" + (" – |" if weighted else "") + " – | – | – | – |")
             continue
         runs += " (partial)" if r.get("partial") else ""
         lines.append(f"| {r['method']} | {r['agent']} | {runs} | {r['initial_acc']:.3f} | "
                      f"{_pm(r['final_acc'], r['final_ci'])} | {_pm(r['gain'], r['gain_ci'])} | "
+                     + (f"{r.get('final_reward', math.nan):.3f} | " if weighted else "") +
                      f"{r['rollouts_generated']:.0f} | {r['responses_trained']:.0f} | {r['optimizer_updates']:.0f} | "
                      f"{r['step_s']:.2f} |")
     lines += _gap_table(gaps, "minus each method (final accuracy, paired by seed)",

@@ -558,3 +558,27 @@ def test_compare_refuses_an_extended_run_and_reruns_one_whose_reward_file_change
     assert "overwrite=true" in command and not any(arg.startswith("resume=") for arg in command)
     specs[1].record_inputs()
     assert specs[1].recorded_inputs() == {str(reward): ex.checksum(reward)}
+
+
+def test_the_accuracy_columns_are_the_verifiers_and_a_weighted_reward_has_its_own(tmp_path):
+    """A run scored by two `data.rewards` terms at weight 1: its summary's `acc` (0.5, the verifier's) is the
+    accuracy column, the weighted sum's mean (1.125) the reward column, in results.csv and results.md; a run of
+    one unweighted reward has one figure, shown once."""
+    spec = ex.RunSpec(ex.Arm("hacpo", ()), 0, tmp_path / "seed0")
+    agent = {"initial": {"acc": 0.25, "reward": 0.5, "reward/math_verify": 0.25, "reward/fmt": 0.25},
+             "final": {"acc": 0.5, "reward": 1.125, "reward/math_verify": 0.5, "reward/fmt": 0.625},
+             "rollouts_generated": 8, "responses_trained": 8, "optimizer_updates": 1}
+    summary = {"agents": {"x": agent}, "wall_s": 1.0, "steps": 1}
+    (row,) = ex.result_rows(spec, summary)
+    assert (row["initial_acc"], row["final_acc"], row["initial_reward"], row["final_reward"]) == (0.25, 0.5, 0.5, 1.125)
+    with ex.write_csv([row], tmp_path / "results.csv").open() as handle:
+        (written,) = list(csv.DictReader(handle))
+    assert (written["final_acc"], written["final_reward"]) == ("0.5", "1.125")
+    report = ex.markdown_report(ex.summarize([row]), [], title="t")
+    assert "| initial acc | final acc | gain | final reward |" in report
+    assert "| hacpo | x | 1 of 1 | 0.250 | 0.500 | 0.250 | 1.125 | 8 |" in report and "it may exceed 1" in report
+    plain = {**agent, "initial": {"acc": 0.25}, "final": {"acc": 0.5}}
+    (row,) = ex.result_rows(spec, {**summary, "agents": {"x": plain}})
+    assert row["final_reward"] == row["final_acc"] == 0.5
+    report = ex.markdown_report(ex.summarize([row]), [], title="t")
+    assert "final reward" not in report and "| hacpo | x | 1 of 1 | 0.250 | 0.500 | 0.250 | 8 |" in report

@@ -2,7 +2,10 @@
 
 Greedy accuracy per agent (and avg@k / pass@k when `samples > 1`), printed as one line per evaluation
 (rank zero), logged as `{agent}/eval/acc`
-etc. (through the module's `report`) at the number of steps done (0 before training; the k-th step's
+etc. (through the module's `report`). The accuracy is the verifier's: the first term of the reward
+(`data.reward`, or the first of `data.rewards`), never a weighted sum; a weighted reward (several terms, or a
+weight other than 1) adds `reward` (the weighted sum's mean) and `reward/<term>` (each term's mean) beside it
+(`held_out_figures`), so `acc` stays in [0, 1] and means "answered right" whatever the terms add. at the number of steps done (0 before training; the k-th step's
 training scalars are at k too) and kept as a history of (step, rollouts generated so far, scores) that resumes with the run
 and feeds `summary.json` and the comparison plots. The generation itself is the evaluator's it is
 given (the DataModule's).
@@ -10,9 +13,27 @@ given (the DataModule's).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol, Sequence
 
+import torch
 from lightning.pytorch import Callback
+
+
+def held_out_figures(totals: torch.Tensor, parts: Sequence[Optional[Sequence[float]]],
+                     terms: Optional[Sequence[tuple[str, str, float]]]) -> tuple[torch.Tensor, dict[str, float]]:
+    """What one scoring of held-out answers measures: (the verifier's score of each answer, shaped like
+    `totals`; the reward's figures). `totals`: the reward of each answer (the weighted sum); `parts`: each
+    answer's term values in flat order (the pool's `parts`; None where the whole item failed: 0 for every
+    term); `terms`: the reward's (name, spec, weight). With one term of weight 1 (or no terms) the verifier's
+    score is the total and there are no other figures; else the verifier is the first term, and the figures
+    are `reward` (the mean total) and `reward/<name>` (each term's mean)."""
+    if not terms or (len(terms) == 1 and float(terms[0][2]) == 1.0):
+        return totals, {}
+    rows = [list(p) if p is not None else [0.0] * len(terms) for p in parts]
+    values = torch.tensor(rows, dtype=torch.float64).view(-1, len(terms)) if rows else torch.zeros(0, len(terms))
+    mean = lambda t: float(t.mean()) if t.numel() else 0.0  # noqa: E731
+    figures = {"reward": mean(totals), **{f"reward/{name}": mean(values[:, i]) for i, (name, _, _) in enumerate(terms)}}
+    return values[:, 0].reshape(totals.shape), figures
 
 
 class Evaluator(Protocol):
