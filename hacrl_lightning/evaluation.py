@@ -549,6 +549,10 @@ def load_eval_agents(entries: Sequence[str], *, zoo_cache: str | None = None,
                                      zoo_cache=zoo_cache, check_texts=())
             sources[key] = entry
             continue
+        if not directories and (path / "adapter_model.safetensors").is_file():
+            raise AgentLoadError(f"LoRA adapter folder {path}: adapter_model.safetensors without its "
+                                 "adapter_config.json (the adapter's settings and base model). Fix: copy "
+                                 "adapter_config.json from where the adapter was written, or give the merged export")
         if not directories:
             raise AgentLoadError(f"agents entry {entry!r}: no config.json in it (and no exported agents in "
                                  f"{path / 'exports'}). Fix: give a Hugging Face model directory or a run directory")

@@ -220,3 +220,62 @@ def test_the_adapter_starts_the_same_whatever_the_process_s_random_state(zoo_cac
     for (key, a), (_, b) in zip(first.model.state_dict().items(), second.model.state_dict().items()):
         assert torch.equal(a, b), key
     assert any(".lora_A." in key and a.abs().sum() > 0 for key, a in first.model.state_dict().items())
+
+
+@pytest.fixture(scope="module")
+def lora_export(zoo_cache, tmp_path_factory):
+    """A trained LoRA tiny_b exported: the merged weights, and the adapter alone in adapter/."""
+    return trained_adapter(lora_agent("tiny_b", zoo_cache)).export(tmp_path_factory.mktemp("lora") / "tiny_b")
+
+
+def _broken_adapter(source, target, damage):
+    import shutil
+
+    shutil.copytree(source, target)
+    damage(target)
+    return target
+
+
+def _set_base(folder, base):
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = base
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+
+
+def test_malformed_adapter_folders_are_one_line_each(lora_export, tmp_path, zoo_cache):
+    """Four kinds of malformed adapter folders (the fourth round of hostile inputs, 2026-11-28): each a line naming
+    the folder, what is wrong and the fix, never a traceback from peft or json."""
+    from hacrl_lightning.evaluation import load_eval_agents
+
+    adapter = lora_export / ADAPTER_DIR
+    weights = adapter / "adapter_model.safetensors"
+    cases = {
+        "no_config": (lambda d: (d / "adapter_config.json").unlink(), "adapter_model.safetensors without its "
+                      "adapter_config.json"),
+        "not_json": (lambda d: (d / "adapter_config.json").write_text("{not json"), "adapter_config.json is not JSON"),
+        "no_weights": (lambda d: (d / "adapter_model.safetensors").unlink(), "is an incomplete export (no weights"),
+        "cut_short": (lambda d: (d / "adapter_model.safetensors").write_bytes(weights.read_bytes()[:-64]),
+                      "adapter_model.safetensors is damaged or cut short"),
+        "targets": (lambda d: (d / "adapter_config.json").write_text(json.dumps(
+            {**json.loads((adapter / "adapter_config.json").read_text()), "target_modules": ["c_attn"]})),
+            "its target_modules ['c_attn'] are not layers of its base 'zoo:tiny_b'"),
+    }
+    for name, (damage, said) in cases.items():
+        folder = _broken_adapter(adapter, tmp_path / name, damage)
+        with pytest.raises(AgentLoadError) as err:
+            load_eval_agents([str(folder)], zoo_cache=str(zoo_cache))
+        message = str(err.value)
+        assert str(folder) in message and said in message and "Fix:" in message and "\n" not in message, name
+    agents, _, _ = load_eval_agents([str(adapter)], zoo_cache=str(zoo_cache))  # the whole one loads
+    assert list(agents) == ["adapter"] or len(agents) == 1
+
+
+def test_an_adapter_on_its_own_merged_export_is_refused(lora_export, tmp_path, zoo_cache):
+    """An adapter whose recorded base is its merged export would score base + 2 x adapter: refused, naming the
+    folder, the base and the fix."""
+    from hacrl_lightning.evaluation import load_eval_agents
+
+    folder = _broken_adapter(lora_export / ADAPTER_DIR, tmp_path / "twice", lambda d: _set_base(d, str(lora_export)))
+    with pytest.raises(AgentLoadError, match=rf"LoRA adapter folder {folder}: its base '{lora_export}' is not the "
+                                             r"model it was trained on .*count it twice\)\. Fix: set base_model"):
+        load_eval_agents([str(folder)], zoo_cache=str(zoo_cache))

@@ -80,7 +80,9 @@ class Agent(nn.Module):
             resolve_source(name, cfg.tokenizer, key=f"{key}.tokenizer", zoo_cache=zoo_cache)
         adapter_dir = _adapter_dir(model_source)
         if adapter_dir is not None:  # an exported adapter alone: its base loads, then the adapter merges into it
-            base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            from hacrl_lightning.agents.lora import read_adapter_config
+
+            base = read_adapter_config(adapter_dir).get("base_model_name_or_path")  # one line for a malformed folder
             if not isinstance(base, str) or not base:
                 raise AgentLoadError(f"agent {name!r}: {key}.model={cfg.model!r} is a LoRA adapter without its base "
                                      "model (adapter_config.json: base_model_name_or_path). Fix: give the merged "

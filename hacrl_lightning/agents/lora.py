@@ -6,7 +6,8 @@ wrapped model starts equal to the base); a target the model lacks is refused nam
 a rank above the targeted layers' width (`lora_width`) naming the limit.
 `served_items` turns a LoRA model's state dict into the base model's names and weights (W + B·A·alpha/rank,
 in fp32, one module at a time): what an export writes and what `rollout.weight_sync` pushes to an engine.
-`save_adapter` writes the adapter alone (peft's directory) and `load_adapter_dir` reads one back onto its base.
+`save_adapter` writes the adapter alone (peft's directory, and `hacrl_base.json`: which base it was trained on) and
+`load_adapter_dir` reads one back onto its base, refusing a malformed folder or another base in one line.
 `is_lora` asks without importing peft (seconds), so runs without LoRA never load it.
 
 Deliberately not here: when adapters are applied (`Agent.load`), the KL reference with the adapter off
@@ -212,14 +213,113 @@ def save_adapter(model: nn.Module, directory: Path, *, state_dict: dict[str, tor
     config = json.loads(config_path.read_text())
     config["base_model_name_or_path"] = base
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    fingerprint = base_fingerprint(state_dict)
+    if fingerprint is not None:
+        (directory / BASE_FINGERPRINT).write_text(json.dumps(fingerprint) + "\n")
     readme = directory / "README.md"  # peft's model card template: nothing of this run in it
     if readme.exists():
         readme.unlink()
 
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+BASE_FINGERPRINT = "hacrl_base.json"
+"""`save_adapter` records in this file beside peft's which weights the adapter was trained on: the name of one adapted
+layer and a CRC of its base weight rounded to bfloat16 (the same whether the base is held in fp32 or bf16)."""
+
+
+def adapter_problem(directory: Path, what: str, fix: str) -> "AgentLoadError":
+    """One line naming the adapter folder, what is wrong with it and the fix."""
+    from hacrl_lightning.agents.sources import AgentLoadError
+
+    return AgentLoadError(f"LoRA adapter folder {directory}: {what}. Fix: {fix}")
+
+
+def read_adapter_config(directory: Path) -> dict:
+    """The adapter's `adapter_config.json` (a JSON object naming its base), once its weights are known whole
+    (`adapter_model.safetensors`: its header read, its tensors inside the file); else one `AgentLoadError` line."""
+    path = directory / "adapter_config.json"
+    redo = "write the adapter again (Agent.export writes <export>/adapter), or give the merged export instead"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise adapter_problem(directory, f"adapter_config.json is not JSON ({str(err).splitlines()[0]})", redo) \
+            from None
+    if not isinstance(config, dict):
+        raise adapter_problem(directory, f"adapter_config.json holds a {type(config).__name__}, not peft's settings",
+                              redo)
+    weights = directory / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        other = " (adapter_model.bin, a pickle, is not read: it could run code)" \
+            if (directory / "adapter_model.bin").exists() else ""
+        raise adapter_problem(directory, f"no {ADAPTER_WEIGHTS} beside adapter_config.json{other}", redo)
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            for name in handle.keys():
+                handle.get_slice(name)
+        size, end = weights.stat().st_size, _safetensors_end(weights)
+        if end > size:
+            raise SafetensorError(f"its tensors need {end} bytes, the file has {size}")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise adapter_problem(directory, f"{ADAPTER_WEIGHTS} is damaged or cut short ({str(err).splitlines()[0]})",
+                              redo) from None
+    return config
+
+
+def _safetensors_end(path: Path) -> int:
+    """The byte where a safetensors file's last tensor ends (8-byte header length, the JSON header, the data)."""
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(length))
+    ends = [int(info["data_offsets"][1]) for key, info in header.items() if key != "__metadata__"]
+    return 8 + length + max(ends, default=0)
+
+
+def _fingerprint(tensor: torch.Tensor) -> int:
+    return zlib.crc32(tensor.detach().float().to(torch.bfloat16).view(torch.int16).cpu().numpy().tobytes())
+
+
+def base_fingerprint(state_dict: dict[str, torch.Tensor]) -> dict | None:
+    """{layer, crc} of the first adapted layer's base weight in a LoRA model's state dict (`BASE_FINGERPRINT`)."""
+    layer = next((key for key in sorted(state_dict) if key.endswith(".base_layer.weight")), None)
+    if layer is None:
+        return None
+    return {"layer": _base_name(layer).replace(".base_layer.", "."), "crc": _fingerprint(state_dict[layer])}
+
+
 def load_adapter_dir(model: nn.Module, directory: Path) -> nn.Module:
     """`model` (the adapter's base, loaded) with the adapter in `directory` merged into its weights: a plain
-    transformers model again. Reads weights only (safetensors), never code."""
+    transformers model again. Reads weights only (safetensors), never code. Refused in one line naming the folder
+    (`read_adapter_config`): settings that are not JSON, weights missing or cut short, targets the base lacks, and
+    a base other than the one it was trained on (`BASE_FINGERPRINT`: the merged export of this same adapter, say,
+    which already holds it and would count it twice)."""
     peft = require_peft()
-    wrapped = peft.PeftModel.from_pretrained(model, str(directory), is_trainable=False)
+    config = read_adapter_config(directory)
+    targets = config.get("target_modules")
+    names = [targets] if isinstance(targets, str) else list(targets or [])
+    have = linear_names(model)
+    missing = [t for t in names if t != LORA_TARGETS_ALL and t.rsplit(".", 1)[-1] not in have]
+    base = config.get("base_model_name_or_path")
+    if missing:
+        raise adapter_problem(directory, f"its target_modules {missing} are not layers of its base {base!r} (which "
+                              f"has {have})", "give the adapter the base it was trained on (base_model_name_or_path "
+                              "in adapter_config.json)")
+    try:
+        recorded = json.loads((directory / BASE_FINGERPRINT).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        recorded = None  # an adapter written elsewhere: its base cannot be checked
+    if isinstance(recorded, dict) and model.dtype != torch.float16:  # fp16 rounds some weights off bf16's grid
+        weight = dict(model.named_parameters()).get(str(recorded.get("layer")))
+        if weight is not None and _fingerprint(weight) != recorded.get("crc"):
+            raise adapter_problem(
+                directory, f"its base {base!r} is not the model it was trained on (layer {recorded['layer']} differs: "
+                "a merged export of this adapter already holds it, and applying it again would count it twice)",
+                "set base_model_name_or_path in adapter_config.json to the model it was trained on, or evaluate the "
+                "merged export alone")
+    try:
+        wrapped = peft.PeftModel.from_pretrained(model, str(directory), is_trainable=False)
+    except (ValueError, RuntimeError, KeyError) as err:
+        raise adapter_problem(directory, f"peft cannot apply it to {base!r} ({str(err).splitlines()[0][:300]})",
+                              "give the adapter the base it was trained on, or write it again") from None
     return wrapped.merge_and_unload()
