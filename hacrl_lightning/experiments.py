@@ -136,11 +136,11 @@ def _named_path(key: str, value: str, base: Path) -> Path | None:
     looks_like_path = "/" in value or value.startswith("~") or Path(value).suffix or key.endswith((".model", ".tokenizer"))
     if not looks_like_path:
         return None
-    path = Path(value).expanduser()
-    path = path if path.is_absolute() else base / path
-    try:
+    try:  # a prompt or template with `/` in it is no path: too long, a NUL, `~nobody` all read as none
+        path = Path(value).expanduser()
+        path = path if path.is_absolute() else base / path
         return path.resolve() if path.exists() else None
-    except OSError:
+    except (OSError, ValueError, RuntimeError):
         return None
 
 

@@ -457,6 +457,9 @@ def test_the_inputs_key_holds_the_contents_of_every_file_the_config_names(tmp_pa
             str(changed if changed.parent != model else model)], changed
         changed.write_text(text)
     assert ex.run_inputs(values, tmp_path) == before
+    hostile = {"agents.tiny_a.system_prompt": "a/b " * 5000, "agents.tiny_a.chat_template": "{{ x }}/~nobody_zz.txt",
+               "x.y": "~nobody_zz/a.txt", "x.z": "a\x00/b.json", "data.reward": "https://example.org/r.py:fn"}
+    assert ex.input_paths(hostile, tmp_path) == []  # texts that are no existing path: none, and no error
 
 
 def _spec_with_run(tmp_path: Path, *, inputs, steps: int, ran_steps: int, record=None) -> ex.RunSpec:
