@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Sequence, get_type_hints
 
@@ -198,8 +198,61 @@ def _schema_leaf(path: list[str]) -> tuple[Any, Problem | None]:
         node = hints[part]
         if node == Dict[str, AgentConfig]:
             node, depth = AgentConfig, depth + 1  # agents.<key>: the key itself is checked when composing
+        elif _list_item(node) is not None and depth + 1 < len(path):  # data.rewards.<i>: a term of the list
+            if not path[depth + 1].isdigit():
+                key = ".".join(path[: depth + 2])
+                return None, Problem(key, path[depth + 1], f"an index of the list {'.'.join(path[: depth + 1])} "
+                                     "(0, 1, ...)", f"write {'.'.join(path[: depth + 1])}.0.<setting>=...")
+            node, depth = _list_item(node), depth + 1
         depth += 1
     return (node if depth == len(path) else None), None
+
+
+def _list_item(hint: Any) -> Any:
+    """The dataclass of a `List[<dataclass>]` schema field (`data.rewards`: `RewardTerm`), else None."""
+    args = getattr(hint, "__args__", ())
+    return args[0] if getattr(hint, "__origin__", None) is list and args and is_dataclass(args[0]) else None
+
+
+def term_problems(key: str, value: Any, cls: type, where: str = "the command line") -> list[Problem]:
+    """Every problem of a list of `cls` settings (`data.rewards=[{reward: ..., weight: ...}, ...]`), each named
+    by its full key (`data.rewards[1].weight`), with what is allowed and a fix: before Hydra, whose own errors
+    name a term's key without its list and index."""
+    names = [f.name for f in fields(cls)]
+    required = [f.name for f in fields(cls) if f.default is not None and str(f.default) == "???"]
+    example = f"{key}=[{{reward: exact_match, weight: 1.0}}]" if key.endswith("rewards") else f"{key}=[{{...}}]"
+    if not isinstance(value, (list, tuple)):
+        return [Problem(key, value, f"a list of {{{', '.join(names)}}} mappings", f"write a list in brackets, e.g. "
+                        f"{shell_word(example)} (from {where})")]
+    problems: list[Problem] = []
+    for i, term in enumerate(value):
+        at = f"{key}[{i}]"
+        if not isinstance(term, dict):
+            problems.append(Problem(at, term, f"a mapping of {names}", f"write each term as {{reward: <name>, "
+                                    f"weight: <number>}}, e.g. {shell_word(example)} (from {where})"
+                                    if key.endswith("rewards") else f"write each term as a mapping (from {where})"))
+            continue
+        for name in term:
+            if name not in names:
+                problems.append(Problem(f"{at}.{name}", UNKNOWN_KEY, suggest(str(name), names),
+                                        f"fix the spelling of {name!r} in term {i} of {key} (from {where})"))
+        for name in required:
+            if name not in term:
+                problems.append(Problem(f"{at}.{name}", "nothing (the term has none)", "a value: every term needs "
+                                        f"its {name}", f"add {name}: <value> to term {i} of {key}, e.g. "
+                                        f"{shell_word(example)} (from {where})"))
+        hints = get_type_hints(cls)
+        for name, item in term.items():
+            if name in names:
+                problem = _type_problem(f"{key}.{i}.{name}", item, hints[name])
+                problem = replace(problem, key=f"{at}.{name}") if problem else problem
+                problem = problem or \
+                    (Problem(f"{at}.{name}", item, "one text (a reward's name, module:function or "
+                             "path/to/file.py:function)", f"give term {i} a single {name} (from {where})")
+                     if hints[name] is str and isinstance(item, (list, dict)) else None)
+                if problem:
+                    problems.append(problem)
+    return problems
 
 
 def _type_problem(key: str, value: Any, hint: Any) -> Problem | None:
@@ -314,6 +367,9 @@ def check_overrides(overrides: Sequence[str]) -> list[Problem]:
                 problems.append(Problem("agents", value, "each agent once", "remove the duplicate agent"))
             continue
         hint, problem = _schema_leaf(key.split("."))
+        if problem is None and _list_item(hint) is not None:  # a whole list of terms (data.rewards=[...])
+            problems += term_problems(key, ov.value(), _list_item(hint))
+            continue
         problem = problem or _type_problem(key, ov.value(), hint)
         if problem:
             problems.append(problem)
@@ -358,7 +414,52 @@ def _problem_from_exception(err: Exception) -> Problem:
         kind = match.group(2).lower()
         return Problem(key or "?", match.group(1), f"a value of type {match.group(2)}",
                        f"give {key or 'the key'} {'an' if kind[0] in 'aeiou' else 'a'} {kind}")
-    return Problem(key or "config", first, "a configuration that composes", "see the message")
+    return _shape_problem(key, text) or Problem(
+        key or "config", first, "a configuration that composes",
+        f"check {key or 'the value'} against its setting's type and default: scripts/train.py --help "
+        f"{_help_topic(key)} (or --cfg job to see what composed)")
+
+
+def _help_topic(key: str) -> str:
+    """The `--help <topic>` (`TRAIN_SETTINGS`) that describes `key`."""
+    parts = key.replace("[", ".").split(".")
+    if parts[0] in ("agents", "agent_defaults"):
+        return "lora" if "lora" in parts else "agents"
+    return parts[0] if parts[0] in ("algorithm", "pair", "rollout", "data", "trainer") else "run"
+
+
+def _shape_problem(key: str, text: str) -> Problem | None:
+    """A value of the wrong shape (text for a list, a mapping or a section; a list for a text; an index past a
+    list's end), worded with the full key, what the setting holds and how to write it."""
+    setting = key or "the setting"
+    match = re.search(r"(?:Invalid type assigned|Merge error): (\w+) is not a subclass of (\w+)\. value: (.*)", text)
+    if match:
+        cls = getattr(schema, match.group(2), None)
+        names = [f.name for f in fields(cls)] if cls is not None and is_dataclass(cls) else []
+        index = re.fullmatch(r"(.+)\[(\d+)\]", key)
+        if index and match.group(1) == "dict" and match.group(3).strip() in ("{}", ""):
+            return Problem(key, f"term {index.group(2)}, which the list does not hold", f"an index of the list "
+                           f"{index.group(1)} as composed so far (its terms come from the experiment, or a whole list "
+                           "on the command line)", f"write the whole list on the command line: {index.group(1)}="
+                           "[{reward: exact_match, weight: 1.0}, ...] (an index adds no term)")
+        return Problem(key, match.group(3).strip(), f"a mapping of {match.group(2)}'s settings {names}",
+                       f"write {setting} as {{<setting>: <value>}}, or set one of them: {setting}.<setting>=<value>")
+    if re.search(r"is not a ListConfig, list or tuple", text):
+        return Problem(key, "a single value", "a list", f"write the list in brackets, e.g. {setting}=[a,b]")
+    match = re.search(r"Cannot assign (\w+) to Dict\[", text)
+    if match:
+        return Problem(key, f"a {match.group(1)}", "a mapping of names to values",
+                       f"write {{<name>: <value>}} in braces, or set one entry: {setting}.<name>=<value>")
+    match = re.search(r"Value '(.*?)' is not a valid bool", text)
+    if match:
+        return Problem(key, match.group(1), "true or false", f"write {setting}=true or {setting}=false")
+    match = re.search(r"Cannot convert '(\w+)' to string: '(.*)'$", text, flags=re.M)
+    if match:
+        return Problem(key, match.group(2), "one text, not a list or mapping", f"give {setting} a single value")
+    match = re.search(r"missing mandatory value: (\w+)", text)
+    if match:
+        return Problem(key, "nothing (no value)", f"a value: {setting} is required", f"set {setting}=<value>")
+    return None
 
 
 def _compose(config_dir: Path, config_name: str, overrides: Sequence[str]) -> DictConfig:
@@ -388,12 +489,22 @@ def _compose_train(overrides: Sequence[str]) -> tuple[DictConfig, frozenset[str]
     overrides = [f"++{o}" if o.startswith("agent_defaults.") else o for o in overrides]
     try:
         problems += check_overrides(overrides)
+        problems += _experiment_term_problems(overrides)
         if problems:
             raise ConfigError(problems)
         dcfg = _compose(CONFIG_DIR, "train", overrides)
         return dcfg, apply_agent_defaults(dcfg, overrides)
     finally:  # a user's agent files serve this composition only (an `agents` group would turn evaluate.py's
         forget_agent_files()  # `agents=[...]` list into a group choice in the same process)
+
+
+def _experiment_term_problems(overrides: Sequence[str]) -> list[Problem]:
+    """The chosen experiment's `data.rewards` terms (`term_problems`), named by full key with the file, unless the
+    command line replaces the whole list."""
+    data = _experiment_values(overrides).get("data")
+    if not isinstance(data, dict) or "rewards" not in data or "data.rewards" in explicit_keys(overrides):
+        return []
+    return term_problems("data.rewards", data["rewards"], schema.RewardTerm, where=str(_experiment_file(overrides)))
 
 
 def agent_preset(name: str) -> AgentConfig | None:
@@ -422,9 +533,7 @@ def _agent_file_keys(overrides: Sequence[str]) -> dict[str, set[str]]:
 
 def _experiment_agent_keys(overrides: Sequence[str]) -> set[str]:
     """`agents.<key>.<setting>` keys the chosen experiment file (`experiment=<name>`) sets itself."""
-    choice = next((value for key, _, value in (o.partition("=") for o in overrides) if key.lstrip("+") == "experiment"),
-                  None)
-    path = group_options("experiment", user_config_dirs(overrides)).get(choice or "")
+    path = _experiment_file(overrides)
     if path is None:
         return set()
     agents = (read_yaml(path, key="experiment") or {}).get("agents") or {}
@@ -456,17 +565,44 @@ def apply_agent_defaults(dcfg: DictConfig, overrides: Sequence[str]) -> frozense
     if unknown:
         raise ConfigError([Problem(f"agent_defaults.{key}", UNKNOWN_KEY, suggest(key, names),
                                    "agent_defaults holds agents.<key>.* settings; fix the spelling") for key in unknown])
-    explicit = explicit_keys(overrides) | _experiment_agent_keys(overrides)
+    given = explicit_keys(overrides)
+    where = {name: "on the command line" if any(k == f"agent_defaults.{name}" or k.startswith(f"agent_defaults.{name}.")
+                                                for k in given) else f"in {_experiment_file(overrides) or 'a config file'}"
+             for name in shared}
+    problems = agent_defaults_problems(shared, where)
+    if problems:  # each value checked once, where it is written, whether or not an agent takes it
+        raise ConfigError(problems)
+    explicit = given | _experiment_agent_keys(overrides)
     filled = set()
     for key in listed:
         for name, value in shared.items():
             if name not in own.get(key, set()) and f"agents.{key}.{name}" not in explicit:
                 try:
-                    agents[key][name] = value
+                    if isinstance(value, dict) and isinstance(agents[key].get(name), DictConfig):
+                        agents[key][name].merge_with(value)  # agent_defaults.lora.rank=8: one setting of lora
+                    else:
+                        agents[key][name] = value
                 except OmegaConfBaseException as err:
                     raise ConfigError([_problem_from_exception(err)]) from None
                 filled.add(f"agents.{key}.{name}")
     return frozenset(filled)
+
+
+def agent_defaults_problems(shared: dict, where: dict[str, str]) -> list[Problem]:
+    """Every `agent_defaults` value that no agent could take (each checked against `AgentConfig` on its own),
+    named `agent_defaults.<setting>` with where it is written (`where`: setting -> the command line or a file)."""
+    agent_schema, problems = OmegaConf.structured(AgentConfig), []
+    for name, value in shared.items():
+        try:
+            OmegaConf.merge(agent_schema, {name: value})
+        except OmegaConfBaseException as err:
+            found = _problem_from_exception(err)
+            inner = getattr(err, "full_key", "") or name
+            key = f"agent_defaults.{inner}"
+            fix = f"fix the spelling of {key}" if found.value is UNKNOWN_KEY else \
+                found.fix.replace(str(found.key), key) if found.key else found.fix.replace("the setting", key)
+            problems.append(Problem(key, found.value, found.allowed, f"{fix} ({where.get(name, 'in a config file')})"))
+    return problems
 
 
 def forget_agent_files() -> None:
@@ -497,7 +633,7 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     except OmegaConfBaseException as err:
         raise ConfigError([_problem_from_exception(err)]) from None
     explicit = explicit_keys(overrides)
-    untrusted = code_reward_problems(typed, explicit)
+    untrusted = code_setting_problems(typed, explicit, overrides)  # before anything reads a model folder
     if untrusted:
         raise ConfigError(untrusted)
     refused = composition_problems(typed.algorithm, typed.pair, explicit)
@@ -520,19 +656,133 @@ def to_train_config(cfg: DictConfig, *, preflight: bool = False, overrides: Sequ
     return checked
 
 
-def code_reward_problems(cfg: TrainConfig, explicit: frozenset[str]) -> list[Problem]:
+CODE_SETTINGS: Dict[str, str] = {
+    "data.reward": "data.reward=<module:function or path/to/file.py:function>",
+    "data.rewards.*.reward": "data.rewards.<i>.reward=<module:function or file.py:function>, or the whole list "
+                             "data.rewards=[...]",
+    "agents.*.trust_remote_code": "agents.<key>.trust_remote_code=true, or agent_defaults.trust_remote_code=true",
+}
+"""Every training setting that can name code that runs (a reward function, a model folder's own `.py` through
+transformers' `trust_remote_code`), with the command-line words that admit it (`code_setting_problems`). Such a
+setting counts only when the command line says it; from any file (an experiment, an agent file, a data preset, a
+run's saved config) it is refused before anything loads. tests/test_trust.py walks the config dataclasses and
+requires every field that names code to be here (or in `EVALUATE_CODE_SETTINGS`)."""
+EVALUATE_CODE_SETTINGS: Dict[str, str] = {
+    "reward": "reward=<module:function or path/to/file.py:function>",
+    "trust_remote_code": "trust_remote_code=true",
+}
+"""`scripts/evaluate.py`'s settings that name code: the same rule (`evaluate_code_problems`)."""
+
+
+def _experiment_file(overrides: Sequence[str]) -> Path | None:
+    """The experiment file the command line chooses (`experiment=<name>`), if any."""
+    choice = next((value for key, _, value in (o.partition("=") for o in overrides) if key.lstrip("+") == "experiment"),
+                  None)
+    return group_options("experiment", user_config_dirs(overrides)).get(choice or "")
+
+
+def _experiment_values(overrides: Sequence[str]) -> dict:
+    """The chosen experiment file's values as written (empty without one, or when it does not read)."""
+    path = _experiment_file(overrides)
+    try:
+        node = read_yaml(path, key="experiment") if path else None
+    except ConfigError:
+        return {}  # composing said it
+    values = OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else node
+    return values if isinstance(values, dict) else {}
+
+
+def _agent_files(overrides: Sequence[str]) -> dict[str, Path]:
+    """Agent key -> the file its settings came from: the presets (shipped and the user's folders) and the files
+    given by path in `agents=[...]`."""
+    files = {agent_key(option, path): path for option, path in
+             group_options("agents", user_config_dirs(overrides)).items()}
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "agents":
+            for entry in value.strip("[]").split(","):
+                entry = entry.strip(" '\"")
+                if is_agent_file(entry):
+                    path = Path(entry).expanduser().resolve()
+                    files[agent_key(path.stem.replace(".", "_"), path)] = path
+    return files
+
+
+def code_reward_problems(cfg: TrainConfig, explicit: frozenset[str], overrides: Sequence[str] = ()) -> list[Problem]:
     """A reward that runs code of the user's (`module:function`, `file.py:function`) is taken from the command
-    line only, never from a config file (an experiment or a saved run someone else wrote), as
-    `trust_remote_code` is."""
+    line only, never from a config file (an experiment or a saved run someone else wrote): `data.reward=...`,
+    the term's own `data.rewards.<i>.reward=...`, or the whole list `data.rewards=[...]` (another key of the list,
+    such as `data.rewards.0.weight`, admits nothing)."""
     from hacrl_lightning.preflight import reward_specs
     from hacrl_lightning.rewards.custom import is_code
 
+    experiment = _experiment_file(overrides)
+    data = _experiment_values(overrides).get("data") if experiment else None
     problems = []
     for key, spec in reward_specs(cfg):
-        given = "data.rewards" if key.startswith("data.rewards") else "data.reward"
-        if is_code(spec) and not any(key == given or key.startswith(given + ".") for key in explicit):
-            problems.append(Problem(key, spec, "code named on the command line (a reward from a config file runs "
-                                    "no code)", f"if you trust it, add {given}=... with it to the command line"))
+        index = re.fullmatch(r"data\.rewards\[(\d+)\]\.reward", key)
+        admitted = {"data.reward"} if index is None else {"data.rewards", f"data.rewards.{index.group(1)}.reward"}
+        if not is_code(spec) or admitted & explicit:
+            continue
+        field = "reward" if index is None else "rewards"
+        where = f" (written in {experiment})" if isinstance(data, dict) and field in data else " (written in a config file)"
+        example = f"{key}={hydra_value(spec)}" if index is None else \
+            f"data.rewards.{index.group(1)}.reward={hydra_value(spec)}"
+        problems.append(Problem(key, spec, f"code named on the command line{where}: a config file names no code that "
+                                "runs", f"if you trust that code, add {shell_word(example)} to the command line"))
+    return problems
+
+
+def remote_code_problems(cfg: TrainConfig, explicit: frozenset[str], overrides: Sequence[str] = ()) -> list[Problem]:
+    """`trust_remote_code: true` (a model folder's own `.py`, its config.json's `auto_map`, runs) counts only when
+    the command line says it: `agents.<key>.trust_remote_code=true`, or `agent_defaults.trust_remote_code=true`
+    for every agent. From an experiment, an agent file or any other file it is refused, naming the file."""
+    every = "agent_defaults.trust_remote_code" in explicit and cfg.agent_defaults.get("trust_remote_code") is True
+    if every:
+        return []
+    experiment = _experiment_file(overrides)
+    values = _experiment_values(overrides) if experiment else {}
+    shared = values.get("agent_defaults") if isinstance(values.get("agent_defaults"), dict) else {}
+    own = values.get("agents") if isinstance(values.get("agents"), dict) else {}
+    files: dict[str, Path] | None = None
+    problems = []
+    for name, agent in cfg.agents.items():
+        key = f"agents.{name}.trust_remote_code"
+        if not agent.trust_remote_code or key in explicit:
+            continue
+        if isinstance(own.get(name), dict) and "trust_remote_code" in own[name]:
+            where = f"written in {experiment}"
+        elif "trust_remote_code" in shared:
+            where = f"agent_defaults.trust_remote_code in {experiment}"
+        else:
+            files = _agent_files(overrides) if files is None else files
+            where = f"written in {files[name]}" if name in files else "written in a config file"
+        problems.append(Problem(key, True, f"true only from this command line ({where}; a file never turns on a "
+                                "model's own code)", f"if you trust the code that {agent.model} ships, add {key}=true "
+                                "to the command line (or agent_defaults.trust_remote_code=true for every agent); "
+                                "else drop trust_remote_code from that file"))
+    return problems
+
+
+def code_setting_problems(cfg: TrainConfig, explicit: frozenset[str], overrides: Sequence[str] = ()) -> list[Problem]:
+    """Every setting of `CODE_SETTINGS` that names code without the command line's say (`code_reward_problems`,
+    `remote_code_problems`)."""
+    return code_reward_problems(cfg, explicit, overrides) + remote_code_problems(cfg, explicit, overrides)
+
+
+def evaluate_code_problems(cfg: EvaluateConfig, explicit: frozenset[str]) -> list[Problem]:
+    """`EVALUATE_CODE_SETTINGS` that name code without the command line's say (a user's config folder could set
+    them): the same rule as training's."""
+    from hacrl_lightning.rewards.custom import is_code
+
+    problems = []
+    if cfg.reward is not None and is_code(cfg.reward) and "reward" not in explicit:
+        problems.append(Problem("reward", cfg.reward, "code named on the command line (written in a config file)",
+                                f"if you trust that code, add {shell_override('reward', cfg.reward)} to the command line"))
+    if cfg.trust_remote_code and "trust_remote_code" not in explicit:
+        problems.append(Problem("trust_remote_code", True, "true only from this command line (written in a config "
+                                "file)", "if you trust the models' own code, add trust_remote_code=true to the command "
+                                "line"))
     return problems
 
 
@@ -556,6 +806,9 @@ def compose_evaluate(overrides: Sequence[str] = (), *, preflight: bool = False) 
         cfg = OmegaConf.to_object(dcfg)
     except OmegaConfBaseException as err:
         raise ConfigError([_problem_from_exception(err)]) from None
+    untrusted = evaluate_code_problems(cfg, explicit_keys([o.lstrip("+") for o in overrides]))
+    if untrusted:
+        raise ConfigError(untrusted)
     checked = check_evaluate(cfg, presets=set(group_options("agents"))) if preflight else validate_evaluate(cfg)
     return checked, dcfg
 

@@ -184,7 +184,9 @@ class AgentConfig:
     is `trainer.precision` (bf16-mixed: bf16 forward passes and rollouts), see docs/training.md."""
     trust_remote_code: bool = False
     """Run the code a model folder or hub model ships (transformers' `trust_remote_code`): only for a source
-    you trust, and only from the command line or your own agent file, never from a saved run."""
+    you trust, and only from the command line (`agents.<key>.trust_remote_code=true`, or
+    `agent_defaults.trust_remote_code=true` for every agent); from an experiment, an agent file or a saved run it
+    is refused before anything loads (`cli.CODE_SETTINGS`)."""
     max_prompt_len: int = 256
     """Prompt tokens kept (left-truncated) in this agent's own tokenization."""
     max_response_len: int = 64
@@ -440,10 +442,13 @@ class DataConfig:
     command line is kept)."""
     reward: str = "exact_match"
     """The reward: a registered name (`exact_match`, `math_verify`), or your own function as `module:function` or
-    `path/to/file.py:function` (named on the command line: it runs code; docs/data.md, "A task of your own")."""
+    `path/to/file.py:function` (it runs code: named on the command line only, a file's is refused; docs/data.md,
+    "A task of your own")."""
     rewards: List[RewardTerm] = setting(factory=list, implied=[])
     """A weighted sum of rewards, `[{reward: math_verify, weight: 1.0}, {reward: 'my.py:fmt', weight: 0.1}]`;
-    when given it is the reward (`data.reward` is not used) and each term is logged as `{agent}/reward/<name>`."""
+    when given it is the reward (`data.reward` is not used) and each term is logged as `{agent}/reward/<name>`. A
+    term that names code runs only when its own `data.rewards.<i>.reward=` or the whole list is on the command
+    line (another key of the list, such as `data.rewards.0.weight=`, admits nothing)."""
     reward_workers: Optional[int] = setting(None, harmless=True)
     """Worker processes that score rewards with a hard per-item timeout and crash isolation (`RewardPool`).
     null: one worker when the reward runs your own code (a `module:function` or `file.py:function` term), so
@@ -924,7 +929,8 @@ class EvaluateConfig:
     """Keep the first `limit` problems of each benchmark (smoke tests); null keeps all."""
     reward: Optional[str] = None
     """null: each benchmark's own reward, the one its training task uses (math_verify; exact_match on
-    `synthetic`); a name scores every benchmark with that reward."""
+    `synthetic`); a name scores every benchmark with that reward, and your own function as `module:function` or
+    `path/to/file.py:function` runs code (named on the command line only)."""
     reward_workers: int = 2
     """Processes scoring answers (hard per-answer timeout, crash isolation); 0 scores in this process."""
     reward_timeout_s: float = 5.0

@@ -652,7 +652,8 @@ def few_shot_problem(key: str, tokenizer, config, cfg: AgentConfig, data: DataCo
            "fit)") + f", or give {key} a model with more positions; no {key}.max_prompt_len can help"
     return Problem("data.few_shot", data.few_shot, f"worked examples whose prompts fit {key}'s model: {positions:,} "
                    f"positions, {answer} of them for the longest answer, leave {room:,} for a prompt, and with "
-                   f"data.few_shot={data.few_shot} the shortest sampled prompt takes {shortest:,} in its template", fix)
+                   f"data.few_shot={data.few_shot} the shortest sampled prompt takes {shortest:,} tokens in its "
+                   "template", fix)
 
 
 def largest_few_shot(data: DataConfig, tokenizer, cfg: AgentConfig, room: int) -> int:

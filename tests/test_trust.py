@@ -288,3 +288,159 @@ def test_a_link_to_a_checkpoint_resumes_its_own_run(run, tmp_path):
     link = tmp_path / "best.ckpt"
     link.symlink_to(run / "checkpoints" / "step_0000002.ckpt")
     assert run_dir_of(link) == run.resolve() and resume_run_dir(link) == run.resolve()
+
+
+# -- code is named on the command line, never by a file (the fourth round of hostile inputs, 2026-11-28) ----------
+
+
+REWARD_FILE = '''from pathlib import Path
+Path(__file__).with_name("reward_ran").touch()  # importing this file is running it
+
+
+def fn(response, gold, row):
+    return 1.0
+'''
+
+
+def experiment_folder(tmp_path: Path, name: str, values: dict) -> str:
+    """A config folder of the user's holding `experiment/<name>.yaml` with `values`; the searchpath override."""
+    folder = tmp_path / "my_configs"
+    (folder / "experiment").mkdir(parents=True, exist_ok=True)
+    (folder / "experiment" / f"{name}.yaml").write_text("# @package _global_\n" + yaml.safe_dump(values))
+    return f"hydra.searchpath=[file://{folder}]"
+
+
+def refused(overrides: list[str], *, preflight: bool = True) -> list:
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides, preflight=preflight)
+    return info.value.problems
+
+
+@pytest.mark.slow
+def test_a_code_term_of_an_experiment_runs_only_when_its_own_key_is_on_the_command_line(tmp_path, zoo_cache):
+    """Another key of the list (`data.rewards.0.weight=1.0`) admitted every code term of the experiment: now only
+    the term's own `data.rewards.<i>.reward=` (or the whole list) does, and nothing is imported before."""
+    (tmp_path / "some").mkdir()
+    spec = f"{tmp_path / 'some' / 'file.py'}:fn"
+    (tmp_path / "some" / "file.py").write_text(REWARD_FILE)
+    marker = tmp_path / "some" / "reward_ran"
+    search = experiment_folder(tmp_path, "codey", {"data": {"rewards": [{"reward": "exact_match", "weight": 1.0},
+                                                                        {"reward": spec, "weight": 0.1}]}})
+    for extra in ([], ["data.rewards.0.weight=1.0"], ["data.rewards.0.reward=exact_match"]):
+        (problem,) = refused([search, "experiment=codey", f"zoo_cache={zoo_cache}", *extra])
+        assert problem.key == "data.rewards[1].reward" and problem.value == spec
+        assert "experiment/codey.yaml" in problem.allowed and f"data.rewards.1.reward={spec}" in problem.fix
+        assert not marker.exists()
+    whole = f"data.rewards=[{{reward: exact_match, weight: 1.0}}, {{reward: '{spec}', weight: 0.1}}]"
+    for admitted in ([f"data.rewards.1.reward={spec}"], [whole]):
+        cfg, _ = compose_config([search, "experiment=codey", *admitted])
+        assert [term.reward for term in cfg.data.rewards] == ["exact_match", spec]
+
+
+def remote_code_model(tmp_path: Path, zoo_cache) -> tuple[Path, Path]:
+    """tiny_a's folder whose config.json `auto_map` names its own `.py` (which marks that it ran); (folder, marker)."""
+    import json
+
+    from hacrl_lightning.agents import zoo
+
+    folder = Path(shutil.copytree(zoo.ensure_built("tiny_a", cache_dir=zoo_cache), tmp_path / "remote_model"))
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "remote_config.RemoteConfig"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "remote_config.py").write_text(
+        "from pathlib import Path\nfrom transformers import Qwen3Config\n"
+        f"Path({str(folder / 'remote_code_ran')!r}).touch()\n\n\n"  # transformers imports a copy of it
+        "class RemoteConfig(Qwen3Config):\n    pass\n")
+    return folder, folder / "remote_code_ran"
+
+
+@pytest.mark.slow
+def test_trust_remote_code_from_any_file_is_refused_before_the_folders_code_runs(tmp_path, zoo_cache):
+    """An experiment's `agents.<key>.trust_remote_code: true` or `agent_defaults: {trust_remote_code: true}`, or an
+    agent file's, is refused naming the key and the file, before anything reads the folder; the command line's own
+    `agents.tiny_a.trust_remote_code=true` runs its code (the preflight reads its config.json)."""
+    folder, marker = remote_code_model(tmp_path, zoo_cache)
+    base = ["agents=[tiny_a]", "algorithm=grpo", f"agents.tiny_a.model={folder}", f"zoo_cache={zoo_cache}"]
+    for name, values in (("own", {"agents": {"tiny_a": {"trust_remote_code": True}}}),
+                         ("shared", {"agent_defaults": {"trust_remote_code": True}})):
+        (problem,) = refused([experiment_folder(tmp_path, name, values), f"experiment={name}", *base])
+        assert problem.key == "agents.tiny_a.trust_remote_code" and f"experiment/{name}.yaml" in problem.allowed
+        assert "add agents.tiny_a.trust_remote_code=true to the command line" in problem.fix
+        assert not marker.exists()
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"model: {folder}\ntrust_remote_code: true\n")
+    (problem,) = refused([f"agents=[{mine}]", "algorithm=grpo", f"zoo_cache={zoo_cache}"])
+    assert problem.key == "agents.mine.trust_remote_code" and str(mine) in problem.allowed and not marker.exists()
+    compose_config([*base, "agents.tiny_a.trust_remote_code=true"], preflight=True)
+    assert marker.exists()  # the user's say, on the command line: the folder's code ran
+
+
+def code_setting_keys(root: type, prefix: str = "") -> set[str]:
+    """Every leaf setting under `root` (dicts and lists of dataclasses as `*`) whose name or docstring says it
+    names code: a function (`module:function`, `file.py:`), a module, a loader or a model's own code."""
+    import re
+    import typing
+    from dataclasses import fields, is_dataclass
+
+    from hacrl_lightning.config import field_docs
+
+    names_code = re.compile(r"module:function|\.py:|trust_remote_code|remote code|callable|\bimports?\b|"
+                            r"entry.?point|plugin|loader|_fn\b", re.I)
+    can_name = (str, bool, typing.Optional[str], typing.List[str], typing.Optional[bool])  # a text or a flag
+    hints, docs, found = typing.get_type_hints(root), field_docs(root), set()
+    for f in fields(root):
+        kind, args = hints[f.name], typing.get_args(hints[f.name])
+        item = args[-1] if args else None
+        if is_dataclass(kind):
+            found |= code_setting_keys(kind, f"{prefix}{f.name}.")
+        elif typing.get_origin(kind) in (dict, list) and is_dataclass(item):
+            found |= code_setting_keys(item, f"{prefix}{f.name}.*.")
+        elif kind in can_name and (names_code.search(f.name) or names_code.search(docs.get(f.name, ""))):
+            found.add(f"{prefix}{f.name}")
+    return found
+
+
+def test_every_setting_that_can_name_code_has_the_command_line_rule():
+    """The config dataclasses' settings that name code are exactly those `CODE_SETTINGS` and
+    `EVALUATE_CODE_SETTINGS` hold a rule for: a new one without a rule fails here."""
+    from hacrl_lightning.cli import CODE_SETTINGS, EVALUATE_CODE_SETTINGS
+    from hacrl_lightning.config import EvaluateConfig, TrainConfig
+
+    assert code_setting_keys(TrainConfig) == set(CODE_SETTINGS)
+    assert code_setting_keys(EvaluateConfig) == set(EVALUATE_CODE_SETTINGS)
+    assert set(FROM_A_FILE) == set(CODE_SETTINGS)  # and each is shown refused from a file, admitted from the command line
+
+
+FROM_A_FILE = {  # setting: (the experiment's values, the command line's words), "{spec}" a reward file's function
+    "data.reward": ({"data": {"reward": "{spec}"}}, ["data.reward={spec}"]),
+    "data.rewards.*.reward": ({"data": {"rewards": [{"reward": "{spec}", "weight": 1.0}]}},
+                              ["data.rewards.0.reward={spec}"]),
+    "agents.*.trust_remote_code": ({"agents": {"tiny_a": {"trust_remote_code": True}}},
+                                   ["agents.tiny_a.trust_remote_code=true"]),
+}
+
+
+@pytest.mark.parametrize("setting", sorted(FROM_A_FILE))
+def test_each_code_setting_is_refused_from_an_experiment_and_admitted_from_the_command_line(setting, tmp_path):
+    spec = f"{tmp_path / 'mine.py'}:fn"
+    (tmp_path / "mine.py").write_text(REWARD_FILE)
+    values, words = FROM_A_FILE[setting]
+    values = yaml.safe_load(yaml.safe_dump(values).replace("'{spec}'", f"'{spec}'").replace("{spec}", spec))
+    search = experiment_folder(tmp_path, "from_a_file", values)
+    problems = refused([search, "experiment=from_a_file"], preflight=False)
+    assert problems and all("command line" in p.allowed and "experiment/from_a_file.yaml" in p.allowed
+                            for p in problems)
+    compose_config([search, "experiment=from_a_file", *[w.replace("{spec}", spec) for w in words]])
+    assert not (tmp_path / "reward_ran").exists()  # composing imports nothing
+
+
+def test_evaluates_code_settings_count_only_from_its_command_line(tmp_path):
+    from hacrl_lightning.cli import evaluate_code_problems
+    from hacrl_lightning.config import EvaluateConfig
+
+    cfg = EvaluateConfig(agents=["zoo:tiny_a"], benchmarks=["synthetic"], reward="mine.py:fn", trust_remote_code=True)
+    assert [p.key for p in evaluate_code_problems(cfg, frozenset())] == ["reward", "trust_remote_code"]
+    assert evaluate_code_problems(cfg, frozenset({"reward", "trust_remote_code"})) == []
+    cfg, _ = compose_evaluate(["agents=[zoo:tiny_a]", "benchmarks=[synthetic]", "reward=mine.py:fn",
+                               "trust_remote_code=true", f"output_dir={tmp_path / 'out'}"])
+    assert cfg.reward == "mine.py:fn" and cfg.trust_remote_code
