@@ -4,7 +4,8 @@
 loads the agents, wires the module, DataModule, callbacks and TensorBoard logger, fits (resuming or
 forking when asked; stopping cleanly on SIGINT/SIGTERM), exports each agent as a standalone Hugging
 Face directory and writes `summary.json` (how the run ended, its clocks, every agent's figures) in the
-run directory. Deliberately not here: Hydra (the scripts compose the config), the rules of what a
+run directory, before `trainer.keep_at_end` deletes any checkpoint (a summary that cannot be written deletes
+nothing). Checkpoints go through `LocalCheckpointIO` (written where they live, never first in `$TMPDIR`). Deliberately not here: Hydra (the scripts compose the config), the rules of what a
 run directory and a resume may hold (`run_dir.py`, `resume.py`) and any training math.
 """
 
