@@ -376,7 +376,7 @@ def test_resume_changes_refuse_what_alters_the_run_and_record_the_rest(zoo_cache
                   "data.reward_workers=1", f"resume={tmp_path}")
     problems, changes = resume_changes(saved, same, at_step=2, completed=False)
     assert problems == []
-    assert changes == {"trainer.eval_every": (0, 2), "trainer.log_every": (1, 3), "data.reward_workers": (0, 1)}
+    assert changes == {"trainer.eval_every": (0, 2), "trainer.log_every": (1, 3), "data.reward_workers": (None, 1)}
 
     altered = config(tmp_path, zoo_cache, "trainer.steps=4", "rollout.group_size=4", "agents.tiny_b.lr=7e-4",
                      "algorithm=gspo_x2", "data.prompts_per_step=8")
