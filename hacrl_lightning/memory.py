@@ -303,6 +303,10 @@ class AgentMemory:
     sync_copies: int = 0
     """What the engine's worker holds on the GPU while that sync loads (given back after it): one bucket's copies,
     and the embedding put together from row ranges where it is larger than the bucket."""
+    lora_rank: int = 0
+    """LoRA: the adapters' rank (0: the agent trains every weight)."""
+    lora_layers: tuple = ()
+    """LoRA: the names of the linear layers of each block that carry an adapter."""
 
     @property
     def state(self) -> int:
@@ -448,6 +452,21 @@ class MemoryPlan:
                 "peak": {"agents": group, "phase": phase}, "phases": phases,
                 "agents": agents, "changes": changes or []}
 
+    def lora_lines(self) -> List[str]:
+        """One line per LoRA agent: its adapters (rank, layers), their trainable parameters and what they hold on a
+        GPU (their fp32 weights, gradients and AdamW state, in the columns above beside the frozen base)."""
+        lines = []
+        for a in self.agents:
+            if not a.lora_rank:
+                continue
+            held = a.trainable / max(1, a.parameters) * a.master_weights  # the adapters' share of the weights
+            lines.append(f"  LoRA {a.name}: rank {a.lora_rank} adapters on {', '.join(a.lora_layers)} of every block: "
+                         f"{a.trainable / 1e6:,.2f} M trainable parameters ({100 * a.trainable / max(1, a.parameters):.2f}"
+                         f"% of {a.parameters / 1e9:.3f} B), holding {(held + a.gradients + a.adamw) / GIB:.3f} GiB "
+                         f"per GPU (weights {held / GIB:.3f}, grads {a.gradients / GIB:.3f}, AdamW {a.adamw / GIB:.3f}); "
+                         "the base is frozen (its KL reference: the adapters switched off, no copy)")
+        return lines
+
     def table(self) -> str:
         """The plan as a table a person reads (GiB = 2^30 bytes)."""
         gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731
@@ -485,6 +504,7 @@ class MemoryPlan:
             f"rollout={self.backend}{' (engines sleep)' if self.sleep else ''}",
             *lines,
             "  (* the activation peak that applies: agents.<key>.gradient_checkpointing)",
+            *self.lora_lines(),
             *phase_lines,
             f"{summary} = {gib(self.total)} GiB of {gib(self.gpu_bytes)} GiB: {verdict}"
             + (f"; no room for one maximum-length sequence in the KV cache of {short}" if short else ""),
@@ -586,6 +606,9 @@ def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int
         gradient_buffers=0 if cfg.trainer.strategy == "fsdp" else (2 if arch.tied_embeddings else 1) * 4 * arch.vocab
         * arch.hidden,
         **_engine(name, arch, cfg, gpu_bytes, rows_local),
+        lora_rank=agent.lora.rank if adapter else 0,
+        lora_layers=tuple(sorted({n for n, _, _ in arch.lora_layers(list(agent.lora.target_modules))})) if adapter
+        else (),
     )
 
 

@@ -442,3 +442,23 @@ def test_lora_is_proposed_where_it_is_what_makes_a_run_fit():
     assert changes[-1]["overrides"] == ["agents.qwen3_8b_base.lora.rank=16", "agents.llama3_8b.lora.rank=16"]
     planned = plan_memory(with_changes(cfg, changes), architectures, 80 * GIB)
     assert planned.fits and all(a.kl_reference == 0 and a.gradients < a.master_weights / 100 for a in planned.agents)
+
+
+def test_the_plan_names_each_lora_agent_s_adapters_and_their_memory(script_main, capsys, tmp_path):
+    """The plan showed LoRA only as small gradient figures (the fourth round of hostile inputs, 2026-11-28): a line per
+    LoRA agent names its rank, layers, trainable parameters and their memory, and plan.json holds them too."""
+    main = script_main("plan")
+    main(["agents=[qwen3_4b,qwen3_8b_base]", "agents.qwen3_4b.lora.rank=16",
+          "agents.qwen3_4b.lora.target_modules=[q_proj,v_proj]", "--json", str(tmp_path / "plan.json")])
+    out = capsys.readouterr().out
+    cfg, _ = compose_config(["agents=[qwen3_4b,qwen3_8b_base]", "agents.qwen3_4b.lora.rank=16",
+                             "agents.qwen3_4b.lora.target_modules=[q_proj,v_proj]"])
+    architectures, _ = run_architectures(cfg)
+    trainable, _ = architectures["qwen3_4b"].lora_parameters(16, ["q_proj", "v_proj"])
+    lines = [line for line in out.splitlines() if line.startswith("  LoRA ")]
+    assert lines[0].startswith("  LoRA qwen3_4b: rank 16 adapters on q_proj, v_proj of every block: "
+                                                   f"{trainable / 1e6:,.2f} M trainable parameters")
+    assert f"grads {4 * trainable / GIB:.3f}, AdamW" in lines[0]
+    agents = json.loads((tmp_path / "plan.json").read_text())["agents"]
+    assert agents["qwen3_4b"]["lora_rank"] == 16 and agents["qwen3_4b"]["lora_layers"] == ["q_proj", "v_proj"]
+    assert agents["qwen3_8b_base"]["lora_rank"] == 0
