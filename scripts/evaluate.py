@@ -16,6 +16,12 @@ agents and benchmarks, generates with the rollout engine, scores each benchmark 
 made once everything has loaded, with the resolved config as evaluate.yaml. Agents from a run's
 checkpoint are scored at its newest checkpoint, named (file, step) in the table and results.json, with
 a note when the run is still training; an export cut short is refused with how to redo it.
+
+As strict as train.py: an `output_dir` holding an earlier evaluation is refused (exit 2) naming it, unless
+`overwrite=true`, which deletes all of that evaluation's files first; prompts that no agent's `max_prompt_len`
+holds are refused with train.py's check before anything is written; a reward that fails on every answer of a
+batch stops the evaluation (exit 1, one line naming it and its first error), while a few failed answers score 0.0
+and are counted.
 """
 
 from __future__ import annotations
