@@ -362,3 +362,86 @@ def test_split_with_transformers_refuses_a_learned_position_table_the_partners_r
     assert "agents.tiny_a.max_response_len=160" in problem.fix and "agents.tiny_c.max_prompt_len=64" in problem.fix
     compose_config(overrides_for([*SPLIT_HF, "agents.tiny_a.max_response_len=160"], files), preflight=True)
     assert model_loads == []
+
+
+# -- composition messages: full key, value, what is allowed, a concrete fix (the fourth round of hostile inputs,
+# 2026-11-28; each was "fix: see the message", a key without its `data.rewards[0].` prefix, or another key's name)
+
+COMPOSITION_CASES = [  # (id, overrides, the key, words the fix holds)
+    ("term_weight_not_a_number", ["data.rewards=[{reward: exact_match, weight: abc}]"], "data.rewards[0].weight",
+     "data.rewards.0.weight=0.5"),
+    ("term_key_misspelt", ["data.rewards=[{reward: exact_match, wieght: 1}]"], "data.rewards[0].wieght",
+     "spelling of 'wieght' in term 0"),
+    ("term_without_reward", ["data.rewards=[{weight: 1}]"], "data.rewards[0].reward", "add reward: <value>"),
+    ("term_not_a_mapping", ["data.rewards=[exact_match]"], "data.rewards[0]", "{reward: <name>, weight: <number>}"),
+    ("rewards_not_a_list", ["data.rewards=exact_match"], "data.rewards", "write a list in brackets"),
+    ("term_reward_a_list", ["data.rewards=[{reward: [1,2], weight: 1}]"], "data.rewards[0].reward",
+     "a single reward"),
+    ("index_past_the_list", ["data.rewards.0.weight=2"], "data.rewards[0]", "data.rewards=[{reward: exact_match"),
+    ("index_not_a_number", ["data.rewards.first.weight=2"], "data.rewards.first", "data.rewards.0.<setting>="),
+    ("index_weight_not_a_number", ["data.rewards=[{reward: exact_match}]", "data.rewards.0.weight=abc"],
+     "data.rewards.0.weight", "data.rewards.0.weight=0.5"),
+    ("shared_lr_not_a_number", ["agent_defaults.lr=abc"], "agent_defaults.lr", "give agent_defaults.lr a float"),
+    ("shared_lora_rank_not_a_number", ["agent_defaults.lora.rank=abc"], "agent_defaults.lora.rank", "an integer"),
+    ("shared_lora_not_a_mapping", ["agent_defaults.lora=abc"], "agent_defaults.lora",
+     "agent_defaults.lora.<setting>=<value>"),
+    ("shared_lora_key_misspelt", ["agent_defaults.lora.rnk=3"], "agent_defaults.lora.rnk",
+     "spelling of agent_defaults.lora.rnk"),
+    ("shared_not_a_mapping", ["agent_defaults=abc"], "agent_defaults", "agent_defaults.<name>=<value>"),
+    ("shared_betas_not_a_list", ["agent_defaults.betas=abc"], "agent_defaults.betas", "agent_defaults.betas=[a,b]"),
+    ("shared_flag_not_a_bool", ["agent_defaults.gradient_checkpointing=maybe"], "agent_defaults.gradient_checkpointing",
+     "agent_defaults.gradient_checkpointing=true"),
+]
+
+
+@pytest.mark.parametrize("overrides, key, fix", [c[1:] for c in COMPOSITION_CASES], ids=[c[0] for c in COMPOSITION_CASES])
+def test_composition_messages_name_the_full_key_the_value_and_a_concrete_fix(overrides, key, fix):
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides)
+    (problem,) = info.value.problems
+    assert problem.key == key and fix in problem.fix, str(problem)
+    assert "see the message" not in str(problem) and "Error merging" not in str(problem)
+    assert len(str(info.value).splitlines()) == 2  # the count, and one line
+
+
+def test_a_setting_for_every_agent_reaches_a_nested_section_and_an_experiments_bad_value_names_its_file(tmp_path):
+    cfg, _ = compose_config(["agent_defaults.lora.rank=8"])  # was: "dict is not a subclass of LoraConfig"
+    assert {name: agent.lora.rank for name, agent in cfg.agents.items()} == {"tiny_a": 8, "tiny_b": 8}
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\ndata:\n  rewards: [{reward: exact_match, wieght: 1}]\n")
+    with pytest.raises(ConfigError) as info:
+        compose_config([f"hydra.searchpath=[file://{tmp_path}]", "experiment=mine"])
+    (problem,) = info.value.problems
+    assert problem.key == "data.rewards[0].wieght" and str(tmp_path / "experiment" / "mine.yaml") in problem.fix
+    (tmp_path / "experiment" / "shared.yaml").write_text("# @package _global_\nagent_defaults: {lr: fast}\n")
+    with pytest.raises(ConfigError) as info:
+        compose_config([f"hydra.searchpath=[file://{tmp_path}]", "experiment=shared"])
+    (problem,) = info.value.problems
+    assert problem.key == "agent_defaults.lr" and str(tmp_path / "experiment" / "shared.yaml") in problem.fix
+
+
+def test_an_evaluations_few_shot_task_is_a_task_named_as_its_own_key(tmp_path):
+    from hacrl_lightning.cli import compose_evaluate
+
+    with pytest.raises(ConfigError) as info:
+        compose_evaluate(["agents=[zoo:tiny_a]", "benchmarks=[synthetic]", "few_shot=2", "few_shot_task=math500",
+                          f"output_dir={tmp_path / 'out'}"])
+    (problem,) = info.value.problems  # was: accepted, then reported as data.name when the examples were loaded
+    assert problem.key == "few_shot_task" and "did you mean 'math'" in problem.allowed
+    assert "few_shot_task=synthetic" in problem.fix
+
+
+@pytest.mark.slow
+def test_few_shot_prompts_no_limit_can_hold_name_data_few_shot_and_a_count_that_passes(files, model_loads):
+    """Eight worked examples make tiny_a's shortest prompt 749 tokens, its model has 256 positions: the lengths'
+    own fixes traded one limit for the other (max_prompt_len=749, then max_response_len below zero). Now one line
+    names data.few_shot, the figures and the largest count that fits, and that count passes."""
+    for chosen in ([], ["agents.tiny_a.max_response_len=200"], ["agents.tiny_a.max_prompt_len=230"]):
+        problems = problems_of(overrides_for(["agents=[tiny_a,tiny_b]", "data.few_shot=8", *chosen], files)).problems
+        (problem,) = [p for p in problems if p.key.startswith(("data.few_shot", "agents.tiny_a"))]
+        assert problem.key == "data.few_shot" and problem.value == 8, chosen
+        assert "256 positions" in problem.allowed and "749 tokens" in problem.allowed
+        assert "data.few_shot=2 or fewer" in problem.fix and "no agents.tiny_a.max_prompt_len can help" in problem.fix
+    compose_config(overrides_for(["agents=[tiny_a,tiny_b]", "data.few_shot=2"], files), preflight=True)
+    assert model_loads == []
