@@ -345,7 +345,7 @@ def test_evaluate_on_two_exported_agents_writes_table_and_files(exports, arithme
     cmd = [sys.executable, str(REPO / "scripts" / "evaluate.py"),
            f"agents=[{exports['tiny_a']},{exports['tiny_b']}]", "benchmarks=[gsm8k,aime2025]",
            f"files.gsm8k={arithmetic_benchmark}", f"files.aime2025={FIXTURES / 'aime2025.parquet'}",
-           "reward=exact_match", "protocol=paper", f"output_dir={out}",
+           "reward=exact_match", "protocol=paper", f"output_dir={out}", "max_prompt_len=176",  # the AIME prompts whole
            "reward_workers=0"]  # scored in the script's process: worker processes are tests/test_reward_pool.py's
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
