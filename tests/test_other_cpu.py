@@ -54,9 +54,13 @@ def test_the_child_runs_on_other_kernels(zoo_cache):
 
 @pytest.mark.slow
 def test_pinned_figures_hold_on_another_cpu(zoo_cache):
-    """The pinned run, the 1-rank vs 2-rank equivalence and the shipped zoo, under `OTHER_CPU`."""
+    """The pinned run, the 1-rank vs 2-rank equivalence and the shipped zoo, under `OTHER_CPU`. The `split`
+    placement's replays (2, 3 and 4 ranks) are left to this machine's own kernels: they hold the same gradients to
+    the same tolerances as the 2-rank replay, and their cost is processes, not rounding (three launches, one of
+    four ranks on two cores)."""
     done = run_on_other_cpu(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_pinned_run.py",
-                             "tests/test_distributed.py", "tests/test_zoo.py::test_a_shipped_preset_is_copied_not_rebuilt",
+                             "tests/test_distributed.py", "-k", "not split",
+                             "tests/test_zoo.py::test_a_shipped_preset_is_copied_not_rebuilt",
                              "tests/test_zoo.py::test_every_learnable_preset_ships_the_build_of_its_recipe"], zoo_cache)
     assert done.returncode == 0, f"under {OTHER_CPU}:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
     assert " passed" in done.stdout and "failed" not in done.stdout

