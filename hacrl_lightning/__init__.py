@@ -10,7 +10,7 @@ light module such as `hacrl_lightning.config`, imports neither torch, Lightning 
 modules: `config` (typed configs, value checks), `errors`, `presets` (algorithms by name),
 `preflight` (name, file and tokenizer checks), `hub` (the model hub as this machine sees it),
 `cli` (Hydra composition, the only module that imports Hydra), `entry` (the console scripts),
-`agents`, `rollout`, `exchange` (responses between agents: each learner's token view of them), `rewards`,
+`agents`, `zoo` (the offline tiny agents: recipes, builds, the cache), `rollout`, `exchange` (responses between agents: each learner's token view of them), `rewards`,
 `data`, `algorithms` (pure tensor functions), `reference` (one HACPO
 step top to bottom in plain PyTorch + transformers: read it first), `plan` (a step's global
 plan of mini-batches and each rank's passes), `memory` (the per-GPU memory plan of a run), `loss_stats` (loss metrics reduced

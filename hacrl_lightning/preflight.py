@@ -480,7 +480,7 @@ def _resolve(name: str, key: str, source: str, zoo_cache: Any, problems: List[Pr
     try:
         return resolve_source(name, source, key=key, zoo_cache=zoo_cache)
     except AgentLoadError as err:
-        from hacrl_lightning.agents.zoo import PRESETS
+        from hacrl_lightning.zoo import PRESETS
 
         problems.append(Problem(key, source, f"zoo:<preset> with a preset of {sorted(PRESETS)}", str(err)))
         return None
