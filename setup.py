@@ -24,5 +24,5 @@ setup(
     package_dir=DATA_DIRS,
     package_data={**{package: ["*.yaml"] for package in ["hacrl_lightning.configs", *DATA_DIRS, *CONFIG_GROUPS]},
                   "hacrl_lightning.configs.agents": ["*.yaml", "arch/*/*.json"],  # hub presets' architectures (memory plan)
-                  "hacrl_lightning.agents": ["zoo_weights/*/*"]},
+                  "hacrl_lightning.zoo": ["zoo_weights/*/*"]},
 )

@@ -10,7 +10,7 @@ light module such as `hacrl_lightning.config`, imports neither torch, Lightning 
 modules: `config` (typed configs, value checks), `errors`, `presets` (algorithms by name),
 `preflight` (name, file and tokenizer checks), `hub` (the model hub as this machine sees it),
 `cli` (Hydra composition, the only module that imports Hydra), `entry` (the console scripts),
-`agents`, `rollout`, `exchange` (responses between agents: each learner's token view of them), `rewards`,
+`agents`, `zoo` (the offline tiny agents: recipes, builds, the cache), `rollout`, `exchange` (responses between agents: each learner's token view of them), `rewards`,
 `data`, `algorithms` (pure tensor functions), `reference` (one HACPO
 step top to bottom in plain PyTorch + transformers: read it first), `plan` (a step's global
 plan of mini-batches and each rank's passes), `memory` (the per-GPU memory plan of a run), `loss_stats` (loss metrics reduced
@@ -21,7 +21,7 @@ over micro-batches and ranks), `step` (a training step's contract: `PromptBatch`
 diagnostic), `files` (durable atomic writes), `safe_load` (checkpoints and YAML from others, read without running
 their code), `failures` (faults that end a run in one line), `module`, `datamodule`, `callbacks`, `strategies`, `training` (one run,
 config to summary), `run_dir` (claiming a run directory), `resume` (what a resume may change),
-`console` (a quiet console), `evaluation`, `experiments` (comparisons over seeds), `bench` (benchmarks).
+`console` (a quiet console), `scoring` (a held-out set answered and scored), `evaluation`, `experiments` (comparisons over seeds), `bench` (benchmarks).
 Deliberately not here: any code but this table of names.
 """
 

@@ -173,7 +173,7 @@ class AgentConfig:
 
     model: str = MISSING
     """Where the weights come from: a hub id (`Qwen/Qwen3-1.7B-Base`), a local directory, or
-    `zoo:<preset>` for an offline tiny agent built by `hacrl_lightning.agents.zoo`."""
+    `zoo:<preset>` for an offline tiny agent built by `hacrl_lightning.zoo`."""
     tokenizer: Optional[str] = None
     """Tokenizer source when it differs from `model` (same forms as `model`)."""
     revision: Optional[str] = None
@@ -966,6 +966,8 @@ class EvaluateConfig:
 
 
 EVAL_DEVICES = ("auto", "cpu", "cuda")
+PROTOCOLS = ("paper", "custom")
+"""`protocol`: the paper's (avg@1, best@30 on AIME 2025) or one's own (`samples`, `pass_k`)."""
 
 
 def evaluate_problems(cfg: EvaluateConfig) -> List[Problem]:

@@ -9,7 +9,7 @@ so rollouts are strictly on-policy (docs/engineering.md §5), and before the cal
 `rollout` generates with every agent's engine, decodes, scores once, gathers every rank's share,
 and builds each learner's token view (`exchange.py`): the module receives the step whole
 and only trains. Engines are built in `setup`, after the process group exists. Held-out evaluation
-generates here and scores with `evaluation.answer_rewards`. Deliberately not here: forward passes,
+generates here and scores with `scoring.answer_rewards`. Deliberately not here: forward passes,
 advantages and optimizer steps (the module), the step's omega and clip bounds (callbacks), and the
 math of retokenization (exchange.py).
 """
@@ -31,7 +31,7 @@ from hacrl_lightning.exchange import AgentView, Rollout, make_rollouts, view_for
 from hacrl_lightning.config import DataConfig, RolloutConfig
 from hacrl_lightning.data.filters import drop_overlong_prompts, keep_fitting, prompt_lengths
 from hacrl_lightning.data.records import Example, PromptDataset
-from hacrl_lightning.evaluation import answer_rewards
+from hacrl_lightning.scoring import answer_rewards
 from hacrl_lightning.failures import generation_failed, is_out_of_memory
 from hacrl_lightning.offload import Residency
 from hacrl_lightning.placement import Placement
@@ -422,7 +422,7 @@ class RolloutDataModule(pl.LightningDataModule):
         return row
 
     def evaluate(self, *, samples: int = 1, limit: int | None = None, step: int = 0) -> dict[str, dict[str, float]]:
-        """Per agent on the held-out set (`evaluation.answer_rewards`): greedy accuracy, and avg@k /
+        """Per agent on the held-out set (`scoring.answer_rewards`): greedy accuracy, and avg@k /
         pass@k over k answers sampled at the agent's temperature (k > 1)."""
         examples = list(self.eval_set)[:limit]
         results: dict[str, dict[str, float]] = {}

@@ -33,21 +33,21 @@ import torch
 from hacrl_lightning.agents.agent import AGENT_FILE, PARTIAL_SUFFIX, Agent, AgentLoadError
 from hacrl_lightning.agents.sources import resolve_source
 from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pass_at_k
-from hacrl_lightning.config import AgentConfig, TrainConfig
+from hacrl_lightning.config import PROTOCOLS, AgentConfig, TrainConfig
 from hacrl_lightning.data.benchmarks import get_benchmark
 from hacrl_lightning.data.records import Example
 from hacrl_lightning.rewards.exact_match import extract_boxed
-from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
+from hacrl_lightning.rollout import RolloutEngine, engine_options, make_engine
+from hacrl_lightning.scoring import BatchScorer, answer_rewards, serial_scorer
 
 __all__ = [
-    "PROTOCOLS", "BatchScorer", "EvalPlan", "RewardFailedEverywhere", "answer_rewards", "avg_at_k", "evaluate_agents",
+    "EvalPlan", "RewardFailedEverywhere", "avg_at_k", "evaluate_agents",
     "clear_earlier_evaluation", "format_table", "load_eval_agents", "prompt_problems",
     "pass_at_k", "plan_benchmarks", "response_records", "score_correct", "serial_scorer", "strict_scorer",
     "unbiased_pass_at_k",
     "write_responses", "write_results",
 ]
 
-PROTOCOLS = ("paper", "custom")
 ZOO_PREFIX = "zoo:"
 
 
@@ -95,23 +95,6 @@ def score_correct(correct: torch.Tensor, pass_k: Sequence[int] = ()) -> dict[str
 # generating and scoring
 
 
-def _answers(agent: Agent, engine: RolloutEngine, examples: Sequence[Example], *, samples: int,
-             temperature: float | None, seed: int) -> list[list[str]]:
-    """`samples` decoded answers per problem, [P][n]: greedy for one answer unless a temperature is
-    given, else sampled at the agent's own temperature."""
-    if temperature is None:
-        temperature = 0.0 if samples == 1 else agent.cfg.temperature
-    sampling = SamplingSettings.for_agent(agent.cfg, n=samples, seed=seed, temperature=temperature)
-    prompt_ids = agent.encode_prompts([ex.prompt for ex in examples])
-    generations = engine.generate(prompt_ids, sampling)
-    texts = [agent.decode_response(g.token_ids) for g in generations]
-    return [texts[p * samples : (p + 1) * samples] for p in range(len(examples))]
-
-
-BatchScorer = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
-"""`score(responses, golds) -> rewards`: a reward over a batch (e.g. `RewardPool.score`, hard timeouts)."""
-
-
 class RewardFailedEverywhere(RuntimeError):
     """Every answer of a batch failed to score (the reward, or one of its terms, raised, timed out or crashed on
     each): its table would be a column of 0.000 that says nothing of the agents. evaluate.py stops (exit 1)."""
@@ -140,28 +123,6 @@ def strict_scorer(pool: Any, reward: str) -> BatchScorer:
                 f"Fix: correct the reward and try it on one answer first, or score with another: reward=<name>")
         return rewards
     return score
-
-
-def serial_scorer(reward_fn: Callable[[str, str], float]) -> BatchScorer:
-    """A BatchScorer calling `reward_fn(response, gold)` item by item in this process."""
-    return lambda responses, golds: [float(reward_fn(r, g)) for r, g in zip(responses, golds)]
-
-
-def answer_rewards(agent: Agent, engine: RolloutEngine, examples: Sequence[Example], *, samples: int,
-                   temperature: float | None, seed: int, score: BatchScorer,
-                   answers_out: list | None = None) -> torch.Tensor:
-    """One agent's rewards on `samples` answers to each problem, [P, samples] float64 (the one
-    held-out scorer: benchmark tables here, and the DataModule's evaluation during training).
-    `answers_out`: a list that receives the decoded answers, [P][samples]."""
-    answers = _answers(agent, engine, examples, samples=samples, temperature=temperature, seed=seed)
-    if answers_out is not None:
-        answers_out.extend(answers)
-    texts, golds = [text for row in answers for text in row], [ex.gold for ex in examples for _ in range(samples)]
-    if any(ex.extras for ex in examples):  # a data file's extra fields reach a reward that asks for them
-        flat = score(texts, golds, [ex.extras for ex in examples for _ in range(samples)])
-    else:
-        flat = score(texts, golds)
-    return torch.tensor(list(flat), dtype=torch.float64).view(len(examples), samples)
 
 
 def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequence[Example]],

@@ -159,7 +159,7 @@ def check_run(cfg: TrainConfig, *, free_lengths: Mapping[str, FreeLengths] = Map
 
 def evaluate_name_problems(cfg: EvaluateConfig) -> List[Problem]:
     """The protocol, benchmark, reward and backend names of an evaluation config that are not known; pure."""
-    from hacrl_lightning.evaluation import PROTOCOLS  # loaded for evaluation only: it imports the agents
+    from hacrl_lightning.config import PROTOCOLS
 
     c = Checks()
     c.choice("protocol", cfg.protocol, PROTOCOLS)
@@ -510,7 +510,7 @@ def _resolve(name: str, key: str, source: str, zoo_cache: Any, problems: List[Pr
     try:
         return resolve_source(name, source, key=key, zoo_cache=zoo_cache)
     except AgentLoadError as err:
-        from hacrl_lightning.agents.zoo import PRESETS
+        from hacrl_lightning.zoo import PRESETS
 
         problems.append(Problem(key, source, f"zoo:<preset> with a preset of {sorted(PRESETS)}", str(err)))
         return None

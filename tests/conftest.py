@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from hacrl_lightning.agents import Agent
-from hacrl_lightning.agents.zoo import ENV_CACHE
+from hacrl_lightning.zoo import ENV_CACHE
 from hacrl_lightning.config import AgentConfig
 
 REPO = Path(__file__).resolve().parents[1]

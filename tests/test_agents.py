@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hacrl_lightning.agents import Agent, AgentLoadError, LossyTokenizerError
-from hacrl_lightning.agents.zoo import greedy_responses
+from hacrl_lightning.zoo.builder import greedy_responses
 from hacrl_lightning.config import AgentConfig, DataConfig
 from hacrl_lightning.data import synthetic_examples
 

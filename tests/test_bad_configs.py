@@ -20,7 +20,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from transformers import AutoModelForCausalLM
 
 from conftest import agent_preset, save_lossy_wordpiece
-from hacrl_lightning.agents import zoo
+from hacrl_lightning import zoo
 from hacrl_lightning.cli import compose_config
 from hacrl_lightning.errors import ConfigError
 

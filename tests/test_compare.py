@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from hacrl_lightning import experiments as ex
-from hacrl_lightning.agents.zoo import ensure_built
+from hacrl_lightning.zoo import ensure_built
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = ["methods=[grpo,hacpo]", "seeds=[0,1]", "jobs=2", "trainer.steps=2", "trainer.eval_every=1",

@@ -114,7 +114,7 @@ def test_the_graph_sees_top_level_lazy_and_relative_imports():
     assert "hacrl_lightning.agents.agent" in graph["hacrl_lightning.agents"]        # a package __init__
     assert "hacrl_lightning.rollout.hf" in graph["hacrl_lightning.rollout"]         # lazy, inside make_engine
     assert "hacrl_lightning.errors" in graph["hacrl_lightning.config"]              # top level
-    assert "hacrl_lightning.agents.sources" in graph["hacrl_lightning.agents.zoo"]  # `from ... import name`
+    assert "hacrl_lightning.agents.sources" in graph["hacrl_lightning.zoo.store"]  # `from ... import name`
 
 
 def test_no_import_cycles_in_the_package():
@@ -205,3 +205,44 @@ def test_public_names_resolve():
     from hacrl_lightning.training import train
 
     assert hacrl_lightning.make_engine is make_engine and hacrl_lightning.train is train
+
+
+LAYERS = [
+    {"errors"},
+    {"config", "files", "hub", "console", "safe_load", "run_dir", "failures"},
+    {"presets", "resume", "experiments", "algorithms", "rewards", "agents", "placement", "offload"},
+    {"data", "plan", "loss_stats", "memory", "strategies", "rollout"},
+    {"exchange", "zoo", "scoring"},
+    {"step", "update"},
+    {"step_metrics", "grad_share", "callbacks", "reference"},
+    {"preflight", "module"},
+    {"evaluation"},
+    {"datamodule"},
+    {"training"},
+    {"cli"},
+    {"bench", "entry", "hacrl_lightning"},
+]
+"""The package's layers, lowest first: each top-level module or subpackage of `hacrl_lightning` imports only
+units of lower layers (and itself). Units of one layer know nothing of each other: `agents/` sits beside
+`rewards/` and below `data/`, `rollout/` and the zoo, which build agents with the task, the rewards and the
+engines; the exchange sits above agents and engines; the module and the DataModule above the step's parts."""
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_import_runs_from_a_higher_layer_to_a_lower_one():
+    layer = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
+    units = {_unit(module) for module in MODULES}
+    assert units <= set(layer), f"units in no layer of LAYERS (add each where its imports put it): {sorted(units - set(layer))}"
+    upward = sorted(f"{a} -> {b} ({MODULES[a].relative_to(REPO)}:{line})"
+                    for a, edges in import_graph().items() for b, line in edges.items()
+                    if _unit(a) != _unit(b) and layer[_unit(b)] >= layer[_unit(a)])
+    assert not upward, "imports that do not run down the layers (tests/test_imports.py LAYERS):\n" + "\n".join(upward)
+
+
+def test_agents_import_neither_the_engines_the_task_nor_the_rewards():
+    imported = {_unit(target) for module in MODULES if _unit(module) == "agents" for target, _ in imports_of(module)}
+    assert not imported & {"rollout", "data", "rewards", "zoo", "exchange"}, sorted(imported)

@@ -70,7 +70,7 @@ def test_a_data_file_that_is_not_utf8_names_its_row(tmp_path):
 @pytest.fixture(scope="module")
 def export(tmp_path_factory, zoo_cache) -> Path:
     """A complete exported agent directory (tiny_a's zoo build)."""
-    from hacrl_lightning.agents.zoo import ensure_built
+    from hacrl_lightning.zoo import ensure_built
 
     return ensure_built("tiny_a", cache_dir=zoo_cache)
 

@@ -11,7 +11,7 @@ under it:
   built, not shipped (random weights), build to the same bytes as on this machine's own kernels.
 A warm-started preset *rebuilt* from its recipe is not compared: under `OTHER_CPU` tiny_b's rebuild lands
 on other weights (held-out 0.074 against the shipped 0.312), which is why those presets ship
-(docs/agents.md, `python -m hacrl_lightning.agents.zoo verify`).
+(docs/agents.md, `python -m hacrl_lightning.zoo verify`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hacrl_lightning.agents import zoo
+from hacrl_lightning import zoo
 
 REPO = Path(__file__).resolve().parents[1]
 OWN = torch.backends.cpu.get_cpu_capability()
@@ -73,7 +73,7 @@ def test_random_weight_presets_build_the_same_bytes_on_another_cpu(zoo_cache, tm
     here = {name: zoo.read_manifest(zoo.ensure_built(name, cache_dir=zoo_cache))["files"] for name in RANDOM_WEIGHTS}
     fresh = tmp_path / "cache"
     shutil.copytree(zoo_cache / "tokenizers", fresh / "tokenizers")  # fetched files: no second download
-    script = ("import json, sys; from hacrl_lightning.agents import zoo; "
+    script = ("import json, sys; from hacrl_lightning import zoo; "
               "print(json.dumps({n: zoo.read_manifest(zoo.ensure_built(n, cache_dir=sys.argv[1], log=lambda m: None))"
               "['files'] for n in sys.argv[2:]}))")
     done = run_on_other_cpu(["-c", script, str(fresh), *RANDOM_WEIGHTS], zoo_cache)

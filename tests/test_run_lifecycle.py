@@ -340,7 +340,7 @@ def test_a_run_directory_in_use_by_another_process_is_refused(tmp_path, zoo_cach
 
 def test_a_failure_before_training_leaves_no_run_directory(tmp_path, zoo_cache):
     """A model directory that passes the preflight (config.json, tokenizer) but holds no weights."""
-    from hacrl_lightning.agents.zoo import ensure_built
+    from hacrl_lightning.zoo import ensure_built
 
     source = ensure_built("tiny_a", cache_dir=zoo_cache)
     broken = tmp_path / "no_weights"

@@ -88,3 +88,12 @@ def test_few_shot_puts_k_worked_train_examples_before_every_question_never_its_o
         from hacrl_lightning.data.tasks import few_shot_pool
 
         few_shot_pool(list(plain_train)[:3], 5)
+
+
+def test_the_agents_default_check_texts_are_texts_the_synthetic_task_makes():
+    """`Agent.load` checks `DEFAULT_CHECK_TEXTS` when its caller names none (`agents/` does not import the task):
+    they must stay texts the task makes, every digit among them."""
+    from hacrl_lightning.agents.tokenizers import DEFAULT_CHECK_TEXTS
+
+    assert set(DEFAULT_CHECK_TEXTS) <= set(task_texts())
+    assert set("0123456789") <= set("".join(DEFAULT_CHECK_TEXTS))

@@ -341,7 +341,7 @@ def remote_code_model(tmp_path: Path, zoo_cache) -> tuple[Path, Path]:
     """tiny_a's folder whose config.json `auto_map` names its own `.py` (which marks that it ran); (folder, marker)."""
     import json
 
-    from hacrl_lightning.agents import zoo
+    from hacrl_lightning import zoo
 
     folder = Path(shutil.copytree(zoo.ensure_built("tiny_a", cache_dir=zoo_cache), tmp_path / "remote_model"))
     config = json.loads((folder / "config.json").read_text())

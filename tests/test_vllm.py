@@ -192,7 +192,7 @@ def test_after_a_sync_a_lora_agent_s_engine_answers_as_the_trained_lora_model(lo
 
 def supervised_step(agent, lr: float = 3e-3) -> None:
     """One supervised AdamW step on 32 solved problems: at lr 3e-3 it changes most greedy answers."""
-    from hacrl_lightning.agents.zoo import _batch, _rows
+    from hacrl_lightning.zoo.builder import _batch, _rows
 
     optimizer = torch.optim.AdamW(agent.parameters(), lr=lr)
     input_ids, attention_mask, loss_mask = _batch(_rows(agent, synthetic_examples(DataConfig(ops=["+"]), "eval", 32)),

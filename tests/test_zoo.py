@@ -17,9 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hacrl_lightning.agents import zoo
+from hacrl_lightning import zoo
+from hacrl_lightning.zoo.__main__ import main as zoo_main
 from hacrl_lightning.agents.tokenizers import build_tokenizer
-from hacrl_lightning.agents.zoo import MANIFEST, PRESETS, ensure_built, read_manifest, resolve_cache_dir
+from hacrl_lightning.agents.cache import file_table, resolve_cache_dir
+from hacrl_lightning.zoo import MANIFEST, PRESETS, ensure_built, read_manifest
 from hacrl_lightning.data import TASK_ALPHABET, format_answer
 from hacrl_lightning.data.synthetic import QUESTION
 
@@ -72,7 +74,7 @@ def test_every_learnable_preset_ships_the_build_of_its_recipe(name):
     here), whole, and the cache entry a user gets is byte for byte the shipped one."""
     spec = PRESETS[name]
     shipped = zoo.shipped_manifest(spec)
-    assert shipped is not None, f"{name}: no shipped build for its recipe; run `python -m hacrl_lightning.agents.zoo ship {name}`"
+    assert shipped is not None, f"{name}: no shipped build for its recipe; run `python -m hacrl_lightning.zoo ship {name}`"
     assert shipped["facts"]["steps"] == spec.warm_start.steps
     assert set(shipped["files"]) >= {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
 
@@ -88,12 +90,12 @@ def test_a_shipped_preset_is_copied_not_rebuilt(tmp_path):
 
 @pytest.fixture
 def shipped_copy(tmp_path, monkeypatch) -> Path:
-    """A private copy of the shipped builds (`zoo.SHIPPED` points at it for the test)."""
+    """A private copy of the shipped builds (`zoo.store.SHIPPED` points at it for the test)."""
     import shutil
 
     copy = tmp_path / "shipped"
     shutil.copytree(zoo.SHIPPED, copy)
-    monkeypatch.setattr(zoo, "SHIPPED", copy)
+    monkeypatch.setattr(zoo.store, "SHIPPED", copy)
     return copy
 
 
@@ -129,7 +131,7 @@ def test_ship_then_verify_reports_every_difference(quick_preset, shipped_copy, t
     tensors[key].view(-1)[0] += 1e-3
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     manifest = json.loads((directory / MANIFEST).read_text())
-    manifest["files"] = zoo.file_table(directory, skip=MANIFEST)
+    manifest["files"] = file_table(directory, skip=MANIFEST)
     (directory / MANIFEST).write_text(json.dumps(manifest))
     problems = zoo.verify("quick", log=lambda _: None)
     assert any("model.safetensors differs" in p for p in problems)
@@ -150,11 +152,11 @@ def test_a_changed_recipe_is_built_here_and_says_so(quick_preset, shipped_copy, 
 
 def test_cli_verify_fails_loudly_on_a_difference(quick_preset, shipped_copy, capsys):
     zoo.ship("quick", log=lambda _: None)
-    assert zoo._main(["verify", "quick"]) == 0
+    assert zoo_main(["verify", "quick"]) == 0
     assert "1 of 1 presets rebuild to the shipped bytes" in capsys.readouterr().out
     (shipped_copy / "quick" / MANIFEST).write_text(
         (shipped_copy / "quick" / MANIFEST).read_text().replace(quick_preset.key(), "0" * 16))
-    assert zoo._main(["verify", "quick"]) == 1
+    assert zoo_main(["verify", "quick"]) == 1
     assert "no shipped build for its current recipe" in capsys.readouterr().out
 
 
@@ -236,7 +238,7 @@ def quick_preset(monkeypatch):
     spec = replace(base, name="quick", warm_start=replace(base.warm_start, steps=4, eval_every=2, probe_size=8,
                                                           pool_size=64))
     monkeypatch.setitem(PRESETS, "quick", spec)
-    monkeypatch.setattr(zoo, "HELDOUT_SIZE", 16)
+    monkeypatch.setattr(zoo.builder, "HELDOUT_SIZE", 16)
     return spec
 
 
@@ -288,18 +290,18 @@ def test_a_partial_entry_is_never_used(quick_preset, tmp_path, monkeypatch):
     entry = zoo.entry_dir("quick", tmp_path)
     entry.mkdir(parents=True)
     (entry / "config.json").write_text("{}")  # files, but no manifest: an interrupted copy
-    real_build = zoo.build
+    real_build = zoo.store.build
 
     def crash(spec, out_dir, **kwargs):
         (Path(out_dir) / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(zoo, "build", crash)
+    monkeypatch.setattr(zoo.store, "build", crash)
     with pytest.raises(KeyboardInterrupt):
         ensure_built("quick", cache_dir=tmp_path)
     assert read_manifest(entry) is None
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == [entry.name]  # no staging left
-    monkeypatch.setattr(zoo, "build", real_build)
+    monkeypatch.setattr(zoo.store, "build", real_build)
     assert ensure_built("quick", cache_dir=tmp_path) == entry and read_manifest(entry) is not None
     assert set(read_manifest(entry)["files"]) >= {"config.json", "model.safetensors", "tokenizer.json"}
 
@@ -326,7 +328,7 @@ def test_a_damaged_entry_is_made_again_saying_which_file_and_why(tmp_path, capsy
 
 KILL_IN_COPY = """
 import os, shutil, signal, sys
-from hacrl_lightning.agents.zoo import ensure_built
+from hacrl_lightning.zoo import ensure_built
 copy, copied = shutil.copyfile, []
 def copy_one_then_die(source, target, **kwargs):
     if copied:
@@ -407,13 +409,13 @@ def test_unknown_preset_lists_the_known_ones():
 def test_cli_build_writes_a_standalone_hf_dir(zoo_agents, zoo_cache, tmp_path, capsys):
     out = tmp_path / "tiny_c_export"
     env = {**os.environ, zoo.ENV_CACHE: str(zoo_cache)}
-    done = subprocess.run([sys.executable, "-m", "hacrl_lightning.agents.zoo", "build", "tiny_c", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "hacrl_lightning.zoo", "build", "tiny_c", "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert type(model).__name__ == "GPT2LMHeadModel" and tokenizer.chat_template
-    assert zoo._main(["list", "--cache", str(zoo_cache)]) == 0
+    assert zoo_main(["list", "--cache", str(zoo_cache)]) == 0
     listing = capsys.readouterr().out
     assert all(name in listing for name in PRESETS) and "params" in listing
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from hacrl_lightning.agents import zoo
+from hacrl_lightning import zoo
 
 
 def main(cache: str, gguf: str | None = None) -> None:
@@ -23,7 +23,7 @@ def main(cache: str, gguf: str | None = None) -> None:
     base = zoo.PRESETS["tiny_c"]  # the quick preset of tests/test_zoo.py: a few warm-start steps
     zoo.PRESETS["quick"] = replace(base, name="quick", warm_start=replace(base.warm_start, steps=4, eval_every=2,
                                                                           probe_size=8, pool_size=64))
-    zoo.HELDOUT_SIZE = 16
+    zoo.builder.HELDOUT_SIZE = 16
     if dist.get_rank() == 1:
         zoo.ensure_built("quick", cache_dir=cache)
         if gguf:

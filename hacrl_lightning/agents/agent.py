@@ -1,7 +1,7 @@
 """One agent: a causal LM, its own tokenizer and chat template, and the log-probs the losses need.
 
 `Agent.load(name, cfg)` takes an `AgentConfig` whose `model` is a hub id, a local directory, or
-`zoo:<preset>` (an offline tiny agent, built on first use by `zoo.py`). Every form ends in the same
+`zoo:<preset>` (an offline tiny agent, built on first use by `hacrl_lightning.zoo`). Every form ends in the same
 `from_pretrained(<dir>)` path, so the tiny agents exercise the code that loads real models. At load
 time the agent refuses, before the weights load, a tokenizer with ids beyond the model's embedding
 (another model's tokenizer), then a tokenizer that does not round-trip the task's texts (docs/spec.md §8);
@@ -31,8 +31,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from hacrl_lightning.agents.lora import ADAPTER_DIR, is_lora, save_adapter, served_state_dict
 from hacrl_lightning.agents.sources import AgentLoadError, fetch, resolve_source
-from hacrl_lightning.agents.tokenizers import check_lossless, decode_text, embedding_mismatch, encode_text, \
-    save_tokenizer, special_strings
+from hacrl_lightning.agents.tokenizers import DEFAULT_CHECK_TEXTS, check_lossless, decode_text, embedding_mismatch, \
+    encode_text, save_tokenizer, special_strings
 from hacrl_lightning.config import AgentConfig
 
 __all__ = ["AGENT_FILE", "Agent", "AgentLoadError", "encode_chat_prompts", "gather_logprobs", "render_chat_prompts"]
@@ -63,14 +63,14 @@ class Agent(nn.Module):
 
     @classmethod
     def load(cls, name: str, cfg: AgentConfig, *, zoo_cache: str | os.PathLike | None = None,
-             check_texts: Sequence[str] | None = None, dtype: torch.dtype | None = None) -> "Agent":
+             check_texts: Sequence[str] = DEFAULT_CHECK_TEXTS, dtype: torch.dtype | None = None) -> "Agent":
         """Load agent `name` as `cfg` describes (hub id, local dir or `zoo:<preset>`).
 
         `dtype`: the dtype the weights are held in (default `cfg.dtype`, for inference); training
         passes float32, its master weights, and computes in `cfg.dtype` under mixed precision.
 
-        `check_texts`: texts the tokenizer must round-trip (default: a sample of the synthetic
-        task's prompts and answers; pass `()` to skip). Raises `AgentLoadError` (also for a tokenizer
+        `check_texts`: texts the tokenizer must round-trip (default: `DEFAULT_CHECK_TEXTS`, a sample of the
+        synthetic task's prompts and answers; pass `()` to skip). Raises `AgentLoadError` (also for a tokenizer
         with ids beyond the model's embedding, before the weights load) or `LossyTokenizerError`, both
         naming the agent and the fix.
         """
@@ -114,10 +114,6 @@ class Agent(nn.Module):
             except LoraTargetError as err:
                 raise AgentLoadError(f"agent {name!r}: {err}") from None
         agent = cls(name, model, tokenizer, cfg)
-        if check_texts is None:
-            from hacrl_lightning.data.synthetic import task_texts
-
-            check_texts = task_texts()
         check_lossless(agent.tokenizer, list(check_texts), agent=name)
         return agent
 

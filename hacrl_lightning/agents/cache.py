@@ -8,7 +8,7 @@ manifest last that lists every file with its size and SHA-256 (`file_table`), an
 files disagree with it (`file_problems` names which and how) is redone, never half-used. A filler
 killed mid-way leaves its staging directory; the next filler of that entry, holding its lock, removes
 it (`remove_stale_staging`).
-Deliberately not here: what goes into an entry (`zoo.py`, `wheels.py`).
+Deliberately not here: what goes into an entry (`hacrl_lightning.zoo`, `wheels.py`).
 """
 
 from __future__ import annotations

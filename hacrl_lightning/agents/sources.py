@@ -2,12 +2,14 @@
 
 `resolve_source` turns a source into what `from_pretrained` reads: a hub id or a directory as it is,
 and `<prefix><name>` into a local directory by the resolver registered for the prefix
-(`register_resolver`). The offline zoo registers `zoo:` (`zoo.py`, imported by
-`hacrl_lightning.agents`, so it is registered before any agent can be loaded): the zoo builds agents,
-and this registry is what lets `Agent.load` use it without `agent.py` and `zoo.py` importing each
-other. `fetch` loads from a local directory, the local Hugging Face cache, or the hub after a quick
-probe, and words every failure as an `AgentLoadError` with the fix.
-Deliberately not here: the agent itself (`agent.py`) and building anything (`zoo.py`).
+(`register_resolver`). `SOURCES` is the table of prefixed sources and the package that provides each:
+`zoo:` the offline zoo (`hacrl_lightning.zoo`), `pypi:` a model packaged on the index (`packaged.py`). A
+provider registers its resolver when imported, and this module imports it, by its name in the table, the
+first time a source of its prefix is resolved: the zoo builds agents with the task, the rewards and the
+engines, and the table is what lets `Agent.load` use it while nothing in `agents/` imports it. `fetch`
+loads from a local directory, the local Hugging Face cache, or the hub after a quick probe, and words
+every failure as an `AgentLoadError` with the fix.
+Deliberately not here: the agent itself (`agent.py`) and building anything (`hacrl_lightning.zoo`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from hacrl_lightning import hub
 
 Resolver = Callable[[str, "str | os.PathLike | None"], str]
 """(name after the prefix, zoo cache or None) -> a local directory; raises KeyError for an unknown name."""
+SOURCES: Dict[str, str] = {"zoo:": "hacrl_lightning.zoo", "pypi:": "hacrl_lightning.agents.packaged"}
+"""Prefix -> the package that resolves it (imported on first use; it calls `register_resolver`)."""
 _RESOLVERS: Dict[str, Resolver] = {}
 
 
@@ -31,11 +35,21 @@ def register_resolver(prefix: str, resolver: Resolver) -> None:
     _RESOLVERS[prefix] = resolver
 
 
+def _resolver(prefix: str) -> Resolver:
+    """The resolver of `prefix`, importing its provider (`SOURCES`) the first time."""
+    if prefix not in _RESOLVERS:
+        import importlib
+
+        importlib.import_module(SOURCES[prefix])
+    return _RESOLVERS[prefix]
+
+
 def resolve_source(agent: str, source: str, *, key: str, zoo_cache: str | os.PathLike | None) -> str:
-    """A registered prefix's source (`zoo:<preset>`) -> its local directory (built if needed); anything
-    else unchanged. An unknown name under a known prefix raises AgentLoadError naming the key."""
-    for prefix, resolver in _RESOLVERS.items():
+    """A prefixed source (`zoo:<preset>`) -> its local directory (built if needed); anything else unchanged.
+    An unknown name under a known prefix raises AgentLoadError naming the key."""
+    for prefix in {**SOURCES, **_RESOLVERS}:
         if source.startswith(prefix):
+            resolver = _resolver(prefix)
             try:
                 return str(resolver(source[len(prefix):], zoo_cache))
             except KeyError as error:
@@ -51,7 +65,7 @@ def looks_like_path(source: str) -> bool:
 def is_hub_id(source: str) -> bool:
     """A hub id (`Qwen/Qwen3-4B`, `gpt2`): not a local path or file, not a prefixed source (`zoo:`)."""
     return not (looks_like_path(source) or os.path.exists(os.path.expanduser(source)) or source.count("/") > 1
-                or any(source.startswith(prefix) for prefix in _RESOLVERS))
+                or any(source.startswith(prefix) for prefix in {**SOURCES, **_RESOLVERS}))
 
 
 def hub_fix(repo_id: str, setting: str) -> str:

@@ -248,6 +248,17 @@ class LossyTokenizerError(ValueError):
     """A tokenizer that does not give back the text it encoded (docs/spec.md §8 refuses it)."""
 
 
+DEFAULT_CHECK_TEXTS = ("What is 95 + 2? Put the answer in \\boxed{}.", "\\boxed{97}",
+                       "What is 86 + 82? Put the answer in \\boxed{}.", "\\boxed{168}",
+                       "What is 46 + 56? Put the answer in \\boxed{}.", "\\boxed{102}",
+                       "What is 33 + 28? Put the answer in \\boxed{}.", "\\boxed{61}",
+                       "What is 69 + 4? Put the answer in \\boxed{}.", "\\boxed{73}",
+                       "What is 40 + 81? Put the answer in \\boxed{}.", "\\boxed{121}")
+"""What `Agent.load` checks a tokenizer round-trips when its caller names no texts: texts the synthetic task makes
+(`data.synthetic.task_texts`; a test keeps them among its texts), every digit among them. A run passes its own
+task's texts; this package does not import the task."""
+
+
 def check_lossless(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *, agent: str) -> None:
     """Raise `LossyTokenizerError` naming `agent` and the first text that does not round-trip. Texts are data:
     a special token spelled in one is encoded as text (`split_special_tokens`), as prompts and responses are."""

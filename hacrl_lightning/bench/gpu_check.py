@@ -162,7 +162,7 @@ def build_random_agent(arch_id: str, tokenizer_preset: str, out: Path, *, tiny: 
 
     from hacrl_lightning.agents.agent import Agent
     from hacrl_lightning.agents.tokenizers import build_tokenizer
-    from hacrl_lightning.agents.zoo import get_spec
+    from hacrl_lightning.zoo import get_spec
     from hacrl_lightning.config import AgentConfig
     from hacrl_lightning.memory import arch_file
 
