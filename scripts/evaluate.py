@@ -108,16 +108,21 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(cfg.output_dir).resolve()  # written once agents and benchmarks are loaded: no half-made dir
     created = not out.exists()
+    from hacrl_lightning.errors import RunFailed
     from hacrl_lightning.evaluation import RewardFailedEverywhere
+    from hacrl_lightning.rewards.custom import RewardError
 
     try:
         return _evaluate(cfg, dcfg, out, agents, sources, checkpoints, benchmarks, plans, rewards, device)
     except BaseException as err:  # interrupted or failed before the results: a folder this run made does not stay
         if created and not (out / "results.md").exists():
             shutil.rmtree(out, ignore_errors=True)
-        if isinstance(err, RewardFailedEverywhere):  # a table of 0.000 would say nothing: one line, status 1
-            print(f"error: {err}", file=sys.stderr)
+        if isinstance(err, (RewardFailedEverywhere, RunFailed)):  # a table of 0.000 would say nothing; workers
+            print(f"error: {err}", file=sys.stderr)                  # that cannot score: one line, status 1
             return 1
+        if isinstance(err, RewardError):  # a reward that cannot load (found at its first batch): as a bad config
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         raise
 
 

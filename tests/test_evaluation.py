@@ -518,3 +518,18 @@ def test_a_checkpoint_the_weights_only_reader_cannot_parse_is_one_line(tmp_path,
     err = capsys.readouterr().err
     assert status == 2 and "not readable as a checkpoint" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_reward_workers_that_cannot_score_stop_evaluate_with_one_line(tmp_path, zoo_cache, capsys):
+    """A reward whose workers end in their warm-up (`os._exit`): evaluate.py ends with one line and status 1, as
+    train.py does, and leaves no folder (was: a `RewardWorkersFailed` traceback)."""
+    out = tmp_path / "eval"
+    faults = Path(__file__).resolve().parent / "reward_faults.py"
+    status = _script().main(["agents=[zoo:tiny_b]", "benchmarks=[synthetic]", "limit=2", "reward_workers=1",
+                             "reward_timeout_s=2", f"reward={faults}:warm_up_exits", f"output_dir={out}",
+                             f"zoo_cache={zoo_cache}"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert status == 1 and not out.exists() and "Traceback" not in err
+    assert len(errors) == 1 and "warm_up_exits" in errors[0], err[-2000:]
