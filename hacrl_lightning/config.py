@@ -933,11 +933,11 @@ class EvaluateConfig:
     `path/to/file.py:function` runs code (named on the command line only)."""
     reward_workers: int = 2
     """Processes scoring answers (hard per-answer timeout, crash isolation); 0 scores in this process."""
-    reward_timeout_s: float = 5.0
+    reward_timeout_s: float = DataConfig.reward_timeout_s
     """An answer whose scoring takes longer scores 0.0 (counted and reported)."""
-    backend: str = "hf"
+    backend: str = RolloutConfig.backend
     """`hf` (transformers generate) or `vllm`."""
-    generation_batch_size: int = 64
+    generation_batch_size: int = RolloutConfig.generation_batch_size
     """Sequences generated at once by the HF backend (bounds memory)."""
     gpu_memory_utilization: float = 0.5
     """vLLM backend: each engine's share of the GPU's memory."""
@@ -950,7 +950,7 @@ class EvaluateConfig:
     `overwrite=true` (then only evaluate.py's own files in it are replaced)."""
     overwrite: bool = False
     """Replace evaluate.py's own files in an `output_dir` that holds other files."""
-    few_shot: int = 0
+    few_shot: int = DataConfig.few_shot
     """Worked examples in front of every question, as a run's `data.few_shot` puts them (give the run's value to
     score its agents on the prompts they trained on): the first k of the train split of `few_shot_task`."""
     few_shot_task: str = "synthetic"
@@ -965,6 +965,16 @@ class EvaluateConfig:
     of this evaluation. Never taken from a run's saved config: a run trained with it needs it here too."""
 
 
+EVALUATE_OWN_DEFAULTS = {
+    "reward_workers": "benchmarks are math, scored by math-verify: 2 worker processes with a hard timeout per answer "
+                      "(a run's own default, null, scores its registered rewards in-process)",
+    "gpu_memory_utilization": "one vLLM engine per agent on a GPU of their own for evaluation: half of it each by "
+                              "default (a run divides the GPU between its engines itself, null)",
+    "seed": "the seed of sampled answers, not the data's shuffling (`data.seed`)",
+}
+"""The settings `EvaluateConfig` shares by name with a run's and defaults otherwise, each with its reason; every
+other shared one takes the run's default (read from that class, not restated) or is null for "each agent's own"
+(tests/test_config.py keeps this so)."""
 EVAL_DEVICES = ("auto", "cpu", "cuda")
 PROTOCOLS = ("paper", "custom")
 """`protocol`: the paper's (avg@1, best@30 on AIME 2025) or one's own (`samples`, `pass_k`)."""

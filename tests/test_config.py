@@ -210,6 +210,23 @@ def test_what_the_config_builds_takes_each_setting_without_a_default_of_its_own(
                     "take it from the config only")
 
 
+def test_an_evaluation_setting_takes_the_runs_default_or_says_why_not():
+    """`EvaluateConfig` shares setting names with a run's (`reward_timeout_s`, `generation_batch_size`, ...): each
+    has the run's default, or null for "each agent's own", or a reason in `EVALUATE_OWN_DEFAULTS`."""
+    from hacrl_lightning.config import EVALUATE_OWN_DEFAULTS, AgentConfig, DataConfig, EvaluateConfig, RolloutConfig
+
+    def default(f):
+        return f.default if f.default is not MISSING else f.default_factory()
+
+    own = {f.name: default(f) for f in fields(EvaluateConfig)}
+    differing = {f.name for cls in (DataConfig, RolloutConfig, AgentConfig, TrainConfig) for f in fields(cls)
+                 if f.name in own and own[f.name] is not None and own[f.name] != default(f)
+                 and not (isinstance(default(f), dict) and not own[f.name])}
+    assert differing == set(EVALUATE_OWN_DEFAULTS), (
+        f"EvaluateConfig defaults that differ from a run's: {sorted(differing)}; reasons given for "
+        f"{sorted(EVALUATE_OWN_DEFAULTS)}: take the run's default (e.g. `= DataConfig.<name>`) or give the reason")
+
+
 def test_experiments_do_not_repeat_each_other():
     """A block two experiment files would both state (the recipe's seed, agent settings, KL, rollout and trainer
     sizes) lives once in configs/recipe/ and is included from there; each experiment keeps its own agents and its
