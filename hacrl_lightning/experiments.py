@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from hacrl_lightning.config import setting_keys
+from hacrl_lightning.files import write_atomically
 
 DIAGNOSTIC_COLUMNS = ("cross_nograd_frac_correct", "cross_nograd_frac_wrong", "self_nograd_frac_correct",
                       "self_nograd_frac_wrong", "cross_grad_share", "grad_cos_self_cross", "omega_first", "omega_mean",
@@ -241,9 +242,7 @@ class RunSpec:
         if self.inputs is None:
             return
         self.inputs_path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.inputs_path.with_name(self.inputs_path.name + ".partial")
-        partial.write_text(json.dumps({"files": dict(self.inputs)}, indent=1) + "\n")
-        os.replace(partial, self.inputs_path)
+        write_atomically(self.inputs_path, json.dumps({"files": dict(self.inputs)}, indent=1) + "\n")
 
     @property
     def same_inputs(self) -> bool:

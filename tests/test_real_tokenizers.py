@@ -16,7 +16,8 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from hacrl_lightning.agents import Agent, zoo
+from hacrl_lightning import zoo
+from hacrl_lightning.agents import Agent
 from hacrl_lightning.agents import wheels
 from hacrl_lightning.exchange import make_rollouts, view_for
 from hacrl_lightning.agents.tokenizers import RegistryTokenizerSpec
