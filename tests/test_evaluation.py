@@ -525,9 +525,12 @@ def test_reward_workers_that_cannot_score_stop_evaluate_with_one_line(tmp_path, 
     """A reward whose workers end in their warm-up (`os._exit`): evaluate.py ends with one line and status 1, as
     train.py does, and leaves no folder (was: a `RewardWorkersFailed` traceback)."""
     out = tmp_path / "eval"
-    faults = Path(__file__).resolve().parent / "reward_faults.py"
+    code = tmp_path / "warm_exit.py"  # its own file: tests/reward_faults.py registers a reward when imported
+    code.write_text("import os\n\ndef warm_up_exits(response, gold):\n"
+                    "    if response == '\\\\boxed{1}' and gold == '1':  # the pool's warm-up item\n"
+                    "        os._exit(0)\n    return float(response == gold)\n")
     status = _script().main(["agents=[zoo:tiny_b]", "benchmarks=[synthetic]", "limit=2", "reward_workers=1",
-                             "reward_timeout_s=2", f"reward={faults}:warm_up_exits", f"output_dir={out}",
+                             "reward_timeout_s=2", f"reward={code}:warm_up_exits", f"output_dir={out}",
                              f"zoo_cache={zoo_cache}"])
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
