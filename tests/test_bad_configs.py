@@ -153,6 +153,7 @@ def test_every_problem_of_every_kind_is_in_one_error(files, model_loads):
     assert model_loads == []
 
 
+@pytest.mark.slow
 def test_another_agents_tokenizer_names_both_sizes_and_the_fix(files, model_loads):
     """On main these trained: tiny_a's model with tiny_qwen3's tokenizer died in the first forward
     (IndexError), tiny_c's model with tiny_b's (smaller) tokenizer trained at accuracy 0.000, exit 0."""
@@ -188,6 +189,7 @@ def test_prompt_limit_names_the_length_that_fits(files):
     assert [p.key for p in problems] == ["agents.tiny_a.max_prompt_len"]
 
 
+@pytest.mark.slow
 def test_few_shot_prompts_get_room_where_the_command_line_left_the_lengths_to_the_presets(files, model_loads, capsys,
                                                                                           monkeypatch):
     """`data.few_shot=2` puts two worked examples before every question: tiny_a's preset limit (96, bare questions)
@@ -233,6 +235,7 @@ def test_the_fit_measures_every_prompt_and_counts_those_the_positions_cannot_hol
     assert f"max_prompt_len 96 -> {measured[1]}" in line and "1 of 3 prompts are longer than the model's positions leave" in line
 
 
+@pytest.mark.slow
 def test_the_fit_reads_past_the_preflights_sample_of_64_prompts(files, tmp_path):
     """Wired through the preflight: a GSM8K-layout train file whose longest question is its 68th row (outside the
     64 prompts the other checks sample) sets tiny_qwen3's fitted max_prompt_len, so no prompt is dropped at load."""

@@ -67,6 +67,7 @@ def test_bench_config_rows_are_positive_and_the_paths_do_the_same_work(bench):
     assert row["reference_copies"] == 0 and row["stray_weight_copies"] == []  # kl_coef = 0: no frozen copy
 
 
+@pytest.mark.slow
 def test_the_null_run_times_the_bare_loop_against_itself(tmp_path):
     """`--null`: pairs of bare-loop processes, the second over the first. Both do the same work, step for step
     (the same seeds, so the same texts and trained tokens): whatever differs between them is the machine's."""
@@ -109,6 +110,7 @@ def _take_turns(gate, side: int, steps: int, log, crash: bool = False) -> None:
         turn().finish()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("crash", [False, True], ids=["both_end", "one_dies"])
 def test_lockstep_sides_take_their_steps_in_turn_and_an_ended_side_holds_none_up(crash):
     """`--interleave steps`: two processes' steps strictly alternate, side 0 first; when one side has no steps left,

@@ -135,6 +135,7 @@ def test_resolved_values_hash_every_value_but_where_the_run_lives():
         assert ex.config_hash(values("run_dir=/a", change)) != ex.config_hash(base), change
 
 
+@pytest.mark.slow
 def test_a_finished_run_of_a_few_shot_comparison_is_recognised_by_its_fitted_lengths(tmp_path, script_main, capsys,
                                                                                       zoo_cache):
     """compare.py hashes each run's config after train.py's preflight, which fits tiny_a's lengths to

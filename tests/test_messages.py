@@ -127,6 +127,7 @@ def _run_script(argv: list[str], *, interrupt_after: str | None = None, at: floa
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_the_first_seconds_of_train_is_one_line(tmp_path):
     # after the config is checked, while the trainer's modules load (seconds): before any run directory exists
     run = tmp_path / "run"

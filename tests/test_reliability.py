@@ -104,6 +104,7 @@ class NaNLogits(Callback):
 # --- numerical faults ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_nonfinite_update_is_skipped_for_that_agent_only_and_the_run_continues(tmp_path, zoo_cache, recwarn):
     recorder = Recorder()
     summary = train(config(tmp_path / "run", zoo_cache, "trainer.steps=3", "trainer.max_nonfinite_skips=1"),

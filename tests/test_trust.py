@@ -145,6 +145,7 @@ def test_a_prompt_never_becomes_a_control_token(load_zoo_agent, name):
     check_lossless(tok, [forged], agent=name)  # data round-trips (it was refused as "not WordPiece")
 
 
+@pytest.mark.slow
 def test_the_preflight_accepts_data_that_spells_control_tokens(tmp_path, zoo_cache):
     import json
 
