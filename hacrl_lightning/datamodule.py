@@ -37,7 +37,7 @@ from hacrl_lightning.offload import Residency
 from hacrl_lightning.placement import Placement
 from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.rewards import Reward, RewardPool, exclude_unscorable
-from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, engine_options, make_engine
+from hacrl_lightning.rollout import RolloutEngine, SamplingSettings, close_engines, engine_options, make_engine
 from hacrl_lightning.step import PromptBatch, StepBatch, step_seed
 
 
@@ -228,8 +228,7 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def teardown(self, stage: str | None = None) -> None:
         self.reward_pool.close()  # no reward worker outlives the run
-        for engine in self.engines.values():  # nor an engine process (a later setup builds new ones)
-            engine.close()
+        close_engines(self.engines.values())  # nor an engine process (a later setup builds new ones)
         self.engines = {}
 
     def train_dataloader(self) -> ResumableLoader:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-
+import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from conftest import ZOO_AGENTS
-from hacrl_lightning.rollout import Generation, SamplingSettings, engine_options, make_engine
+from hacrl_lightning.rollout import Generation, SamplingSettings, close_engines, engine_options, make_engine
 from hacrl_lightning.rollout.hf import HFEngine, split_response
 from hacrl_lightning.rollout.vllm import require_vllm, sampling_params_kwargs, to_generations
 
@@ -176,3 +176,30 @@ def test_vllm_file_sync_writes_weights_that_load_back(load_zoo_agent, tmp_path, 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "engine", dtype=torch.float32).state_dict()
     for key, value in agent.model.state_dict().items():
         torch.testing.assert_close(loaded[key], value.to(dtype).float(), rtol=0, atol=0, msg=key)
+
+
+class _ClosingEngine:
+    """An engine whose close waits for every other engine's close to begin (a barrier of all of them), as an
+    engine in its own process mostly waits for that process: closed one after another, the first would wait
+    forever (here: a broken barrier after 30 s)."""
+
+    def __init__(self, barrier: threading.Barrier, fails: bool = False):
+        self.barrier, self.fails, self.closed = barrier, fails, False
+
+    def close(self) -> None:
+        self.barrier.wait(timeout=30)
+        self.closed = True
+        if self.fails:
+            raise RuntimeError("engine 1 could not stop")
+
+
+def test_engines_close_side_by_side_every_one_even_when_one_fails():
+    barrier = threading.Barrier(3)
+    engines = [_ClosingEngine(barrier), _ClosingEngine(barrier, fails=True), _ClosingEngine(barrier)]
+    with pytest.raises(RuntimeError, match="engine 1 could not stop"):
+        close_engines(engines)
+    assert all(engine.closed for engine in engines)
+    lone = _ClosingEngine(threading.Barrier(1))
+    close_engines([lone])  # one engine: closed in this thread
+    assert lone.closed
+    close_engines([])

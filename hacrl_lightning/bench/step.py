@@ -486,7 +486,7 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
     from hacrl_lightning.algorithms import CapabilityWindow
     from hacrl_lightning.data.tasks import load_task
     from hacrl_lightning.datamodule import StepBatchSampler
-    from hacrl_lightning.rollout import engine_options, make_engine
+    from hacrl_lightning.rollout import close_engines, engine_options, make_engine
     from hacrl_lightning.training import load_agents
 
     memory = PhaseMemory()
@@ -531,8 +531,7 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
         out.append(row)
         if step + 1 < warmup + steps:  # the last step's turn passes when this run ends (`_job`), engines closed
             turn().hand_over()
-    for engine in engines.values():
-        engine.close()
+    close_engines(engines.values())  # as the datamodule's teardown closes them
     peaks = memory.close()
     return {"path": "bare", "steps": out[warmup:], "warmup_steps": out[:warmup], "peak_rss_mb": peaks,
             "weights_mb": _weights_mb(loaded.values()), "threads": torch.get_num_threads()}

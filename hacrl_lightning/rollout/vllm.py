@@ -209,14 +209,18 @@ def write_weights(model_dir: str | os.PathLike, items: Iterable[tuple[str, torch
 @contextlib.contextmanager
 def _engine_environment(*, in_process: bool) -> Iterator[None]:
     """What vLLM reads from the environment while an engine is built, set from config and restored:
-    where its worker lives (`VLLM_ENABLE_V1_MULTIPROCESSING`) and, in the trainer's process, no binding
-    of the process's OpenMP threads to cores (`VLLM_CPU_OMP_THREADS_BIND=nobind`). The trainer's thread
+    where its worker lives (`VLLM_ENABLE_V1_MULTIPROCESSING`) and no binding of the worker's OpenMP threads
+    to cores (`VLLM_CPU_OMP_THREADS_BIND=nobind`, vLLM's CPU platform; a value the user exported is kept).
+    vLLM's own binding assumes one engine per machine: it pins the worker to every core but one, which on
+    a machine shared with the trainer and the other agents' engines put every engine of every rank on the
+    same cores (2 cores: all four engines of a 2-rank, 2-agent run on core 0 while the other waited; that
+    run, `experiment=paper_smoke rollout=vllm` for one step, took 124 s bound and 100 s unbound, one run
+    each, 2026-11-28). The trainer's thread
     count and `torch.set_num_threads` (which vLLM's CPU worker replaces by a no-op, process-wide) are
     put back afterwards: an engine must not leave the trainer single-threaded (found in the vLLM CPU
     lane's first run, 2026-11-25)."""
-    settings = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
-    if in_process:
-        settings["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    settings = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
+                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "nobind"}
     saved = {key: os.environ.get(key) for key in settings}
     set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
     os.environ.update(settings)
