@@ -41,12 +41,24 @@ demo: $(STAMP)
 # Every test's duration is kept in test-reports/<lane>.xml (JUnit); the ten slowest tests and files of both
 # lanes are printed at the end (tests/durations.py reads them again at any time).
 REPORTS := test-reports
+MAIN_PYTEST := -m pytest -q --durations=10 --junitxml=$(REPORTS)/main.xml
+VLLM_PYTEST := -m pytest -q -m vllm --durations=10 --junitxml=$(REPORTS)/vllm.xml tests/test_vllm*.py
 
-test: test-main test-vllm
-	$(PY) tests/durations.py
+# The two lanes side by side: the vLLM lane mostly waits for its engines' processes to start and stop, which
+# leaves a core to the main suite. The main suite prints as it goes; the vLLM lane's report
+# ($(REPORTS)/vllm.log) is printed when both are done. Either failing fails `make test`.
+test: $(STAMP) $(VLLM_STAMP)
+	@mkdir -p $(REPORTS)
+	@echo "the vLLM lane runs beside the main suite; its report follows the main suite's ($(REPORTS)/vllm.log)"
+	@$(VLLM_PY) $(VLLM_PYTEST) > $(REPORTS)/vllm.log 2>&1 & lane=$$!; \
+	$(PY) $(MAIN_PYTEST); main=$$?; \
+	wait $$lane; vllm=$$?; \
+	echo; echo "== the vLLM lane (tests/test_vllm*.py in $(VLLM_VENV)) =="; cat $(REPORTS)/vllm.log; \
+	$(PY) tests/durations.py; \
+	echo "main suite: exit $$main; vLLM lane: exit $$vllm"; test $$main -eq 0 && test $$vllm -eq 0
 
 test-main: $(STAMP)
-	$(PY) -m pytest -q --durations=10 --junitxml=$(REPORTS)/main.xml
+	$(PY) $(MAIN_PYTEST)
 
 # The inner loop: every test but the slow ones (multi-process runs, comparisons, whole trainings: marked
 # `slow`, each above 1.5 s in `pytest --durations=0`) and the vLLM lane; `make test` stays the whole gate.
@@ -56,7 +68,7 @@ test-fast: $(STAMP)
 	HACRL_ZOO_CACHE=$(HACRL_ZOO_CACHE) $(PY) -m pytest -q -m "not slow and not vllm"
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -m vllm --durations=10 --junitxml=$(REPORTS)/vllm.xml tests/test_vllm*.py
+	$(VLLM_PY) $(VLLM_PYTEST)
 
 bench: $(STAMP)
 	$(PY) scripts/bench.py step --json bench.json

@@ -121,8 +121,9 @@ def _measure(args, *, mesh=None) -> list[dict]:
             if mesh is not None:  # then sharded, as training builds its engines before `configure_model` shards
                 shard_agent(agent.model, mesh)
             for method in [m for m in args.methods.split(",") if m]:
-                for turn in range(ranks):  # the ranks' engines start one after another (vLLM profiles memory)
-                    if turn == rank:
+                # on a GPU the ranks' engines start one after another (vLLM profiles the free memory), else together
+                for turn in range(ranks if vllm_platform() == "cuda" else 1):
+                    if turn == rank or vllm_platform() != "cuda":
                         engine = make_engine("vllm", agent.model, **{**options, "weight_sync": method})
                     barrier()
                 engine.sync_weights(agent.model)  # untimed: the first sync maps the buffer
