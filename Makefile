@@ -44,18 +44,12 @@ REPORTS := test-reports
 MAIN_PYTEST := -m pytest -q --durations=10 --junitxml=$(REPORTS)/main.xml
 VLLM_PYTEST := -m pytest -q -m vllm --durations=10 --junitxml=$(REPORTS)/vllm.xml tests/test_vllm*.py
 
-# The two lanes side by side: the vLLM lane mostly waits for its engines' processes to start and stop, which
-# leaves a core to the main suite. The main suite prints as it goes; the vLLM lane's report
-# ($(REPORTS)/vllm.log) is printed when both are done. Either failing fails `make test`.
-test: $(STAMP) $(VLLM_STAMP)
-	@mkdir -p $(REPORTS)
-	@echo "the vLLM lane runs beside the main suite; its report follows the main suite's ($(REPORTS)/vllm.log)"
-	@$(VLLM_PY) $(VLLM_PYTEST) > $(REPORTS)/vllm.log 2>&1 & lane=$$!; \
-	$(PY) $(MAIN_PYTEST); main=$$?; \
-	wait $$lane; vllm=$$?; \
-	echo; echo "== the vLLM lane (tests/test_vllm*.py in $(VLLM_VENV)) =="; cat $(REPORTS)/vllm.log; \
-	$(PY) tests/durations.py; \
-	echo "main suite: exit $$main; vLLM lane: exit $$vllm"; test $$main -eq 0 && test $$vllm -eq 0
+# The suite in two lanes side by side (tests/lanes.sh): the main suite, and beside it the vLLM lane followed by
+# the main suite's files in SECOND_LANE (chosen from the kept durations so the lanes end together).
+SECOND_LANE ?= tests/test_compare.py tests/test_run_lifecycle.py
+test: $(STAMP)
+	@PY=$(PY) VLLM_PY=$(VLLM_PY) REPORTS=$(REPORTS) MAKE="$(MAKE)" VLLM_STAMP=$(VLLM_STAMP) \
+	SECOND_LANE="$(SECOND_LANE)" tests/lanes.sh
 
 test-main: $(STAMP)
 	$(PY) $(MAIN_PYTEST)
