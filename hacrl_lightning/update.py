@@ -93,21 +93,31 @@ class LearnerTables:
 
 def loss_inputs(view: AgentView, micro: AgentView, rows: Tensor, mini: Tensor, logp: Tensor, tables: LearnerTables, *,
                 cross_lower: float, loss_scale_factor: float, engine_logp: bool,
-                part: Optional[str] = None, micro_batches: int = 1) -> dict[str, Any]:
+                part: Optional[str] = None, micro_batches: int = 1, own_old_is_new: bool = False) -> dict[str, Any]:
     """`hacpo_loss`'s inputs for `rows` of `view` (`micro`: those rows, selected and on the device of
     `logp`, their new per-token log-probs [b, T]), normalised over the global mini-batch `mini` (its
     sequences, and its tokens for token-mean). `part` ("self" or "cross") keeps only those responses'
     terms: the others get no tokens, so the two parts sum to the loss (and no reward-based statistics).
-    `micro_batches`: the global mini-batch's micro-batch count over every rank (the paper code's KL mean)."""
+    `micro_batches`: the global mini-batch's micro-batch count over every rank (the paper code's KL mean).
+    `own_old_is_new`: no update of this learner has been applied this step, so the weights are those that scored
+    its own rows' old log-probs: those rows take `logp`, detached, as old (ratio exactly 1, docs/spec.md §7). The
+    old log-probs' pass batches rows otherwise than the update's passes, and in bf16 that alone moved a sequence
+    ratio by up to 8.2e-4 (Qwen3-1.7B, the GPU check of 2026-11-28), past the own-row clip."""
     device, width = logp.device, logp.shape[1]
     loss_mask = micro.loss_mask                                                             # [b, T]
     if part is not None:
         loss_mask = loss_mask & (micro.is_own if part == "self" else ~micro.is_own)[:, None]
+    old_logp = tables.old_logp[rows, :width].to(device)                                    # [b, T]
+    old_logp_mean = tables.old_logp_mean[rows].to(device)                                  # [b]
+    if own_old_is_new:
+        own, new = micro.is_own.to(device), logp.detach()
+        old_logp = torch.where(own[:, None], new.to(old_logp.dtype), old_logp)
+        old_logp_mean = torch.where(own, sequence_mean_logp(new, loss_mask).to(old_logp_mean.dtype), old_logp_mean)
     return dict(
         logp_new=logp, loss_mask=loss_mask, is_own=micro.is_own, cross_lower=cross_lower,
         advantages=tables.advantages[rows].to(device),
-        old_logp_mean=tables.old_logp_mean[rows].to(device),
-        old_logp=tables.old_logp[rows, :width].to(device),
+        old_logp_mean=old_logp_mean,
+        old_logp=old_logp,
         omega_factor=tables.omega_factor[rows].to(device),
         ref_logp=None if tables.ref_logp is None else tables.ref_logp[rows, :width].to(device),
         total_tokens=view.loss_mask[mini].sum().clamp(min=1).to(device),                    # global mini-batch

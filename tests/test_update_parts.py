@@ -84,3 +84,39 @@ def test_loss_inputs_read_the_rows_and_normalise_over_the_global_mini_batch(zoo_
     total = sum(hacpo_loss(**settings, **part)[0] for part in parts.values())
     whole, total = float(whole.detach()), float(total.detach())
     assert whole != 0.0 and total == pytest.approx(whole, rel=1e-6)
+
+
+def test_before_the_first_update_own_rows_take_their_new_log_probs_as_old_and_no_noise_clips_them(zoo_agents):
+    """A planted batch-dependent perturbation of the scores (what bf16 kernels do to a row batched otherwise: 8.2e-4
+    of a sequence ratio on Qwen3-1.7B): the old log-probs' pass over all 4 rows reads 2e-3 lower per token than the
+    update's pass over 2. Scored apart, an own row with A < 0 lands past GSPO's own clip (1 - 3e-4) and loses its
+    gradient before any update; with `own_old_is_new` its ratio is exactly 1 and nothing clips, while the partner's
+    rows keep the old log-probs their source scored."""
+    view, agent = _view(zoo_agents), zoo_agents["tiny_a"]
+
+    def scores(ids, mask):  # the planted perturbation: a function of the batch's composition (its row count)
+        return agent.token_logprobs(ids, mask) - 1e-3 * (len(ids) - 2)
+
+    with torch.no_grad():
+        old = scores(view.input_ids, view.attention_mask)                                      # [4, T], 2e-3 low
+    from hacrl_lightning.algorithms import sequence_mean_logp
+
+    tables = LearnerTables.of_step(
+        view, 0, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]), old_mean=sequence_mean_logp(old, view.loss_mask),
+        old_tokens=old, ref_tokens=None, omega=torch.ones(3, 3), rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    rows, mini = torch.tensor([0, 1]), torch.tensor([0, 1, 2, 3])                            # the 2 own rows
+    micro = view.select(rows)
+    logp = scores(micro.input_ids, micro.attention_mask)                                       # [2, T'], unperturbed
+    settings = replace(get_preset("hacpo"), kl_coef=0.0).loss_settings()
+    common = dict(cross_lower=0.8, loss_scale_factor=float(agent.cfg.max_response_len), engine_logp=False)
+    _, apart = hacpo_loss(**settings, **loss_inputs(view, micro, rows, mini, logp, tables, **common))
+    assert float(apart["clip/self_frac"]) == 0.5                                              # the row with A < 0
+    inputs = loss_inputs(view, micro, rows, mini, logp, tables, own_old_is_new=True, **common)
+    _, alike = hacpo_loss(**settings, **inputs)
+    assert float(alike["clip/self_frac"]) == 0.0
+    assert torch.equal(inputs["old_logp"], logp.detach()) and not inputs["old_logp"].requires_grad
+    assert torch.equal(inputs["old_logp_mean"], sequence_mean_logp(logp.detach(), micro.loss_mask))
+    cross = view.select(torch.tensor([2, 3]))                                                  # tiny_b's rows
+    cross_logp = agent.token_logprobs(cross.input_ids, cross.attention_mask)
+    kept = loss_inputs(view, cross, torch.tensor([2, 3]), mini, cross_logp, tables, own_old_is_new=True, **common)
+    assert torch.equal(kept["old_logp_mean"], tables.old_logp_mean[2:])
