@@ -13,7 +13,8 @@ modules: `config` (typed configs, value checks), `errors`, `presets` (algorithms
 `agents`, `zoo` (the offline tiny agents: recipes, builds, the cache), `rollout`, `exchange` (responses between agents: each learner's token view of them), `rewards`,
 `data`, `algorithms` (pure tensor functions), `reference` (one HACPO
 step top to bottom in plain PyTorch + transformers: read it first), `plan` (a step's global
-plan of mini-batches and each rank's passes), `memory` (the per-GPU memory plan of a run), `loss_stats` (loss metrics reduced
+plan of mini-batches and each rank's passes), `architecture` (a model's numbers from its config.json, nothing
+loaded), `memory` (the per-GPU memory plan of a run), `loss_stats` (loss metrics reduced
 over micro-batches and ranks), `step` (a training step's contract: `PromptBatch`, `StepBatch`),
 `step_metrics` (a step's scalars, pure),
 `update` (a micro-batch's loss inputs), `placement` (which agents live on which ranks),

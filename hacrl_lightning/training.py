@@ -74,7 +74,7 @@ def run_placement(cfg: TrainConfig) -> Placement:
     groups in proportion to each agent's parameter count (from its config.json; nothing loads)."""
     weights = None
     if cfg.trainer.placement == "split" and not all(agent.ranks for agent in cfg.agents.values()):
-        from hacrl_lightning.memory import architecture_of
+        from hacrl_lightning.architecture import architecture_of
 
         weights = {name: architecture_of(name, agent, zoo_cache=cfg.zoo_cache).parameters
                    for name, agent in cfg.agents.items()}

@@ -7,7 +7,7 @@
 
 Takes the same overrides as scripts/train.py (composed and validated the same way, `hacrl_lightning.cli`)
 and loads no weights: each agent's architecture comes from agents/arch/<hub id>.json for a hub preset, or
-the config.json of a local directory or zoo build (`hacrl_lightning.memory`). Prints, per agent and per
+the config.json of a local directory or zoo build (`hacrl_lightning.architecture`). Prints, per agent and per
 GPU, the fp32 master weights, gradients and AdamW state (sharded over devices x nodes under trainer=fsdp),
 the KL reference, FSDP2's gathered weights, the activation peak of one micro-batch with and without
 gradient checkpointing, the engine's weights and KV cache, the peak of every phase of a step on each GPU
@@ -137,8 +137,8 @@ def main(argv: list[str]) -> int:
     if show:
         print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
         return 0
-    from hacrl_lightning.memory import (describe_fixes, fixes, gpu_memory_bytes, plan_memory, run_architectures,
-                                        with_changes)
+    from hacrl_lightning.architecture import run_architectures
+    from hacrl_lightning.memory import describe_fixes, fixes, gpu_memory_bytes, plan_memory, with_changes
 
     if nodes is not None:
         cfg.trainer.num_nodes = nodes

@@ -211,8 +211,8 @@ LAYERS = [
     {"errors"},
     {"config", "files", "hub", "console", "safe_load", "run_dir", "failures"},
     {"presets", "resume", "experiments", "algorithms", "rewards", "agents", "placement", "offload"},
-    {"data", "plan", "loss_stats", "memory", "strategies", "rollout"},
-    {"exchange", "zoo", "scoring"},
+    {"data", "plan", "loss_stats", "architecture", "strategies", "rollout"},
+    {"exchange", "zoo", "scoring", "memory"},
     {"step", "update"},
     {"step_metrics", "grad_share", "callbacks", "reference"},
     {"preflight", "module"},
@@ -225,7 +225,8 @@ LAYERS = [
 """The package's layers, lowest first: each top-level module or subpackage of `hacrl_lightning` imports only
 units of lower layers (and itself). Units of one layer know nothing of each other: `agents/` sits beside
 `rewards/` and below `data/`, `rollout/` and the zoo, which build agents with the task, the rewards and the
-engines; the exchange sits above agents and engines; the module and the DataModule above the step's parts."""
+engines; the exchange sits above agents and engines; the memory plan above the architecture reader (which reads
+an agent's source through `agents/`); the module and the DataModule above the step's parts."""
 
 
 def _unit(module: str) -> str:

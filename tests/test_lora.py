@@ -121,7 +121,7 @@ def test_a_rank_above_the_targeted_layers_width_is_refused_before_loading_and_at
     """`lora.rank=100000` on a 0.9 MB model trained and wrote a 3.7 GB checkpoint (the fourth round of hostile
     inputs, 2026-11-28): the preflight refuses it from config.json, naming the key, the value, the limit and the fix."""
     from hacrl_lightning.errors import ConfigError
-    from hacrl_lightning.memory import architecture_of
+    from hacrl_lightning.architecture import architecture_of
 
     width = architecture_of("tiny_b", agent_preset("tiny_b"), zoo_cache=zoo_cache).lora_width(["all-linear"])
     model_loads.clear()

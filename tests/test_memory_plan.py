@@ -1,4 +1,5 @@
-"""The per-GPU memory plan (`hacrl_lightning.memory`, `scripts/plan.py`) against what can be measured here.
+"""The per-GPU memory plan (`hacrl_lightning.memory`, the architectures of `hacrl_lightning.architecture`,
+`scripts/plan.py`) against what can be measured here.
 
 - Parameter counts and tensor counts equal the zoo's real models (five architectures) and the models built
   from every shipped hub architecture (on the meta device) exactly.
@@ -22,11 +23,12 @@ import torch
 from lightning.pytorch import Callback
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
 
+from hacrl_lightning.architecture import (Architecture, UnknownArchitecture, arch_file, architecture_of,
+                                          run_architectures)
 from hacrl_lightning.cli import compose_config
 from hacrl_lightning.config import AgentConfig
 from hacrl_lightning.errors import ConfigError
-from hacrl_lightning.memory import (GIB, Architecture, UnknownArchitecture, activation_peak, arch_file, fixes,
-                                    architecture_of, memory_problems, plan_memory, run_architectures, with_changes)
+from hacrl_lightning.memory import GIB, activation_peak, fixes, memory_problems, plan_memory, with_changes
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = ("tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_e", "tiny_qwen3", "tiny_llama32")

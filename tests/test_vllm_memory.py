@@ -17,8 +17,9 @@ from hacrl_lightning.rollout.vllm import vllm_platform  # noqa: E402
 if vllm_platform() != "cpu":  # pragma: no cover - on CUDA the share covers weights and activations too
     pytest.skip("vLLM's CPU build is not what is installed here", allow_module_level=True)
 
+from hacrl_lightning.architecture import architecture_of  # noqa: E402
 from hacrl_lightning.config import AgentConfig  # noqa: E402
-from hacrl_lightning.memory import DTYPE_BYTES, architecture_of, kv_tokens  # noqa: E402
+from hacrl_lightning.memory import DTYPE_BYTES, kv_tokens  # noqa: E402
 from hacrl_lightning.rollout import engine_options, make_engine  # noqa: E402
 from hacrl_lightning.rollout.vllm import cpu_kv_cache_bytes  # noqa: E402
 

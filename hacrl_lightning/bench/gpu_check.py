@@ -164,7 +164,7 @@ def build_random_agent(arch_id: str, tokenizer_preset: str, out: Path, *, tiny: 
     from hacrl_lightning.agents.tokenizers import build_tokenizer
     from hacrl_lightning.zoo import get_spec
     from hacrl_lightning.config import AgentConfig
-    from hacrl_lightning.memory import arch_file
+    from hacrl_lightning.architecture import arch_file
 
     spec = get_spec(tokenizer_preset)
     tokenizer = build_tokenizer(spec.tokenizer, [], spec.chat_template, cache_dir=zoo_cache)
@@ -188,7 +188,7 @@ def build_random_agent(arch_id: str, tokenizer_preset: str, out: Path, *, tiny: 
 
 
 def _parameters(path: Path) -> int:
-    from hacrl_lightning.memory import Architecture
+    from hacrl_lightning.architecture import Architecture
 
     return Architecture.from_config(json.loads((path / "config.json").read_text())).parameters
 
@@ -441,7 +441,8 @@ def plan_figures(cfg) -> dict:
     largest of that phase's figures over the agents (`memory.group_phases`: the resident state, or with
     `trainer.offload_idle` only what the phase brings in, plus the phase's own transient: a generation chunk's
     KV cache, one forward pass, one micro-batch's activations), without the runtime reserve."""
-    from hacrl_lightning.memory import gpu_memory_bytes, plan_memory, run_architectures
+    from hacrl_lightning.architecture import run_architectures
+    from hacrl_lightning.memory import gpu_memory_bytes, plan_memory
 
     architectures, problems = run_architectures(cfg)
     if problems:
