@@ -1,12 +1,14 @@
 """HACRLModule: N agents, one optimizer each, manual optimization, one HACPO step per prompt batch.
 
-`training_step` reads top to bottom as Algorithm 1 of the paper (docs/spec.md §7). Lightning hands it
-the step whole, a `StepBatch`: made by the DataModule (rollouts from every agent's current weights, one
-reward per response, each learner's token view) and completed by the callbacks before the step (omega
-from the capability callback, each mini-batch's cross-ratio lower bound from the clip-schedule callback);
-the module reads those values and calls no callback. Then: each source's old log-probs (one forward pass
-over its own responses, shared by every learner), then for each learner its advantages and its
-mini-batches ordered own-first, mini-batch m with the lower bound `cross_lower[m]`. Under data parallelism every rank holds the whole step and builds the same global
+`training_step` runs the step in the order of docs/training.md ("The step, phase by phase"; docs/spec.md §7
+its math), its comments numbered as that list. Lightning hands it the step whole, a `StepBatch`: made by the
+DataModule (1-4: the prompts, rollouts from every agent's current weights, one reward per response, each
+learner's token view) and completed by the callbacks before the step (5: omega from the capability callback,
+each mini-batch's cross-ratio lower bound from the clip-schedule callback); the module reads those values and
+calls no callback. Then: each source's old log-probs (the rest of 5: one forward pass over its own responses,
+shared by every learner), the advantages (6), each learner's mini-batches ordered own-first, mini-batch m with
+the lower bound `cross_lower[m]` (7), and the step's metrics (8); the weight sync (9) is a callback's, after
+the step. Under data parallelism every rank holds the whole step and builds the same global
 plan of mini-batches (`plan.py`), trains on its slice of each, and normalises the loss over the
 global mini-batch, so an update is the one a single device would make on the whole batch
 (docs/training.md). Single-agent algorithms (grpo, gspo, gspo_x2) run the same loop with views that
@@ -260,20 +262,24 @@ class HACRLModule(pl.LightningModule):
 
     def training_step(self, data: StepBatch, batch_idx):
         step = self.steps_done
-        # 1-3. the step whole from the DataModule: rollouts of the current weights, rewards, each learner's view;
-        # 4. omega over the global batch and each mini-batch's cross lower bound, from the callbacks
+        # The phases as docs/training.md numbers them; 1-4 arrive made by the DataModule (`RolloutDataModule.rollout`):
+        # 1. Prompts: the step's P prompts (`StepBatchSampler`): data.examples
+        # 2. Rollout: every agent's G responses per prompt from its current weights: data.rollouts
+        # 3. Reward: one per response, gathered over ranks: data.rewards [P, n, G]
+        # 4. Exchange: each learner's token view of the responses it trains on: data.views
+        # 5. Fixed inputs: omega over the global batch and each mini-batch's cross lower bound, from the callbacks
         omega, lowers = self._step_values(data)                                            # [n, n], [M]
         for name in self.names:
             self.counters[name]["rollouts_generated"] += len(data.examples) * data.group_size
 
-        # 5-6a. each learner's global plan; each source's old log-probs on its own responses (this rank's agents)
+        # (5, continued) each learner's global plan; each source's old log-probs on its own responses (this rank's)
         plans = {name: self._plan(data.views[name], self.names.index(name), step) for name in self.local}
         self._phase("old_logprobs")
         start = time.perf_counter()
         old_mean, old_tokens, ref_tokens, mismatch = self._old_logprobs(data.views, plans, data.rewards.numel())
         old_s = time.perf_counter() - start
 
-        # 6b-c. advantages from the joint rewards, then each learner's mini-batches
+        # 6. Advantages from the joint rewards and the step's omega
         advantages = compute_advantages(data.rewards, omega, **self.advantage_settings)     # [n, P, n, G]
         self._phase("update")
         start = time.perf_counter()
@@ -281,6 +287,7 @@ class HACRLModule(pl.LightningModule):
         # the every-th step, counting from 1; only where learners train on partners' rows (else it measures 0)
         grad_share = every > 0 and (step + 1) % every == 0 and self.alg.share_rollouts
         metrics: dict[str, float] = {}
+        # 7. Updates: each learner's mini-batches, own rows first, mini-batch m with the bound lowers[m]
         for name in self.local:
             k = self.names.index(name)
             tables = LearnerTables.of_step(data.views[name], k, advantages=self._advantages(data, advantages, k),
@@ -296,7 +303,7 @@ class HACRLModule(pl.LightningModule):
         diagnostics_s = sum(metrics.pop(f"time/diagnostics/{name}", 0.0) for name in self.names)
         update_s = time.perf_counter() - start - diagnostics_s
 
-        # 7. weight sync runs in WeightSyncCallback; metrics
+        # 8. Metrics: the step's scalars, kept for the one logger write at the end of the step (`report`)
         self.steps_done += 1
         self._phase("logging")
         metrics.update(rollout_metrics(self.names, data, step_accuracy(data.rewards), omega,
@@ -313,6 +320,7 @@ class HACRLModule(pl.LightningModule):
         for name in self.names:
             self.log(f"{name[:8]} train reward", metrics[f"{name}/reward"], prog_bar=True, logger=False,
                      on_step=True, on_epoch=False, batch_size=len(data.examples))
+        # 9. Weight sync: `WeightSyncCallback`, at `on_train_batch_end` after this hook, before the logger write
 
     # -- pieces of the step -----------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """One HACPO step for N agents in plain PyTorch + transformers, top to bottom: read this first.
 
-`hacpo_step` is Algorithm 1 of docs/spec.md §7 in one function. Every agent answers every prompt G times
-with its own sampling. One reward scores each response. Each learner sees every response in its own
-tokenization, and the capability window gives omega. Each source scores its own responses once (the old
-log-probs). Then each learner makes one AdamW update per mini-batch of its rows, own rows first.
+`hacpo_step` is the step of docs/training.md in one function, its comments numbered as that page numbers the
+phases. Every agent answers every prompt G times with its own sampling; one reward scores each response; each
+learner sees every response in its own tokenization; each source scores its own responses once (old log-probs),
+the capability window gives omega; then advantages, and one AdamW update per mini-batch, own rows first.
 `HACRLModule.training_step` does the same through Lightning; tests/test_reference.py checks that one step
 here makes the framework's update, and the bare loop of `bench.py step` runs this step. The math is the
 repo's pure functions (`hacrl_lightning.algorithms`), the rollout records and token views come from
@@ -77,7 +77,7 @@ def hf_engines(agents: dict[str, Agent], batch_size: int = 64) -> dict[str, Roll
 
 def generate(agents: dict[str, Agent], engines: dict[str, RolloutEngine], examples: Sequence[Example], *,
              G: int, seed: int, step: int) -> dict[str, list]:
-    """Step 2: every agent answers every prompt, in its own chat template, G times with its own sampling
+    """Phase 2: every agent answers every prompt, in its own chat template, G times with its own sampling
     (temperature, top-p, top-k, max_response_len), seeded by (run seed, step, agent) as the DataModule
     seeds rank 0. Returns agent -> [P·G] `Generation`s (ids in the agent's vocabulary), prompt-major."""
     out = {}
@@ -90,7 +90,7 @@ def generate(agents: dict[str, Agent], engines: dict[str, RolloutEngine], exampl
 
 def score(agents: dict[str, Agent], examples: Sequence[Example], generations: dict[str, list], *,
           reward: str) -> tuple[list[Rollout], torch.Tensor]:
-    """Step 3: each response decoded once by its source (`make_rollouts`: cut after the first EOS) and
+    """Phase 3: each response decoded once by its source (`make_rollouts`: cut after the first EOS) and
     scored once against the gold answer. Returns the rollouts, flat (prompt, source, sample), and their
     rewards [P, n, G]."""
     reward_fn, names = get_reward(reward), list(agents)
@@ -106,7 +106,7 @@ def score(agents: dict[str, Agent], examples: Sequence[Example], generations: di
 
 
 def exchange(agents: dict[str, Agent], rollouts: list[Rollout], examples: Sequence[Example]) -> dict[str, AgentView]:
-    """Step 6a (docs/spec.md §8, `view_for`): each learner's view of every response, the prompt in the
+    """Phase 4 (docs/spec.md §8, `view_for`): each learner's view of every response, the prompt in the
     learner's chat template, its own responses in their sampled ids, a partner's decoded text re-encoded by
     the learner (+ the learner's EOS when the source finished). `row_idx` is each row's flat place."""
     prompt_ids, flat = [ex.prompt_id for ex in examples], list(range(len(rollouts)))
@@ -116,9 +116,9 @@ def exchange(agents: dict[str, Agent], rollouts: list[Rollout], examples: Sequen
 
 @torch.no_grad()
 def old_logprobs(agents: dict[str, Agent], views: dict[str, AgentView]) -> torch.Tensor:
-    """Step 5 (docs/spec.md §5 Decision): each source scores its own responses once, before any update: the
-    mean log-prob over the response's tokens in the source's tokenization, which every learner's ratio
-    (Eq. 11) divides by. Returns [P·n·G] in the flat order."""
+    """Phase 5's old log-probs (docs/spec.md §5 Decision): each source scores its own responses once, before any
+    update: the mean log-prob over the response's tokens in the source's tokenization, which every learner's
+    ratio (Eq. 11) divides by. Returns [P·n·G] in the flat order."""
     old_mean = torch.zeros(len(next(iter(views.values()))))                               # [P·n·G]
     for name, agent in agents.items():
         own = views[name].select(torch.nonzero(views[name].is_own).flatten())                # [P·G rows, T]
@@ -130,7 +130,7 @@ def old_logprobs(agents: dict[str, Agent], views: dict[str, AgentView]) -> torch
 def update_learner(k: int, agent: Agent, optimizer: torch.optim.Optimizer, view: AgentView, *, cfg, step: int,
                    advantages: torch.Tensor, old_mean: torch.Tensor, omega: torch.Tensor,
                    rewards: torch.Tensor) -> dict[str, float]:
-    """Step 6c for learner k: every update of this step. advantages, old_mean, rewards: [P·n·G] flat;
+    """Phase 7 for learner k: every update of this step. advantages, old_mean, rewards: [P·n·G] flat;
     omega [n, n]. Returns k's loss (mean over mini-batches), grad norm, update count and mean cross bound."""
     # rows own-first, then each partner's in agent order (docs/spec.md §6 Decision), each part shuffled by a
     # generator seeded with (seed, step, k): the draws of `plan.learner_order`, so the order is the framework's
@@ -168,31 +168,32 @@ def hacpo_step(agents: dict[str, Agent], optimizers: dict[str, torch.optim.Optim
     """Algorithm 1 (docs/spec.md §7) once, on the P prompts `examples` at training step `step` (0-based).
     cfg: the run's `TrainConfig` (`check_supported`); window: the capability window, kept across steps;
     phase(name): called as each phase starts ("rollout", "reward", "exchange", "old_logprobs", "update").
-    The comments number the parts as docs/spec.md §7 does; 4 and 5 may run in either order (neither reads
-    the other)."""
+    The comments number the phases as docs/training.md does; phase 5's parts run in the opposite order to the
+    framework's (neither reads the other), each bound inside `update_learner`; 9 is the caller's."""
     check_supported(cfg)
     names = list(agents)
     for agent in agents.values():
         agent.eval()                                         # no dropout: old and new log-probs agree
-    phase("rollout")                                         # 1-2. G responses per prompt per agent
+    # 1. Prompts: `examples`, the caller's P (`bench.py step` draws them with `StepBatchSampler`)
+    phase("rollout")                                         # 2. Rollout: G responses per prompt per agent
     generations = generate(agents, engines, examples, G=cfg.responses_per_prompt, seed=cfg.seed, step=step)
-    phase("reward")                                          # 3. one reward per response
+    phase("reward")                                          # 3. Reward: one per response
     rollouts, rewards = score(agents, examples, generations, reward=cfg.data.reward)        # [P, n, G]
-    phase("exchange")                                        # 6a. each learner's tokenization of them all
+    phase("exchange")                                        # 4. Exchange: each learner's tokenization of all
     views = exchange(agents, rollouts, examples)
-    phase("old_logprobs")                                    # 5. each source's, before any update
+    phase("old_logprobs")                                    # 5. Fixed inputs: each source's old log-probs,
     old_mean = old_logprobs(agents, views)                                                # [P·n·G]
-    phase("update")                                          # 4. capability (Eq. 9) and omega (Eq. 8)
+    phase("update")                                          #    capability (Eq. 9) and omega (Eq. 8)
     acc = step_accuracy(rewards)                                                          # [n]
     window.update(acc)
     omega = window.omega()                                                                # [n, n]
-    advantages = compute_advantages(rewards, omega, **cfg.algorithm.advantage_settings())  # 6b. [n, P, n, G]
+    advantages = compute_advantages(rewards, omega, **cfg.algorithm.advantage_settings())  # 6. Advantages [n,P,n,G]
     metrics = {}
-    for k, name in enumerate(names):                         # 6c. each learner's updates
+    for k, name in enumerate(names):                         # 7. Updates: each learner's, own rows first
         metrics.update(update_learner(k, agents[name], optimizers[name], views[name], cfg=cfg, step=step,
                                       advantages=advantages[k].flatten(), old_mean=old_mean, omega=omega,
                                       rewards=rewards.flatten()))
-    for j, name in enumerate(names):
+    for j, name in enumerate(names):                         # 8. Metrics: the framework's keys
         metrics[f"{name}/reward"], metrics[f"{name}/acc"] = float(rewards[:, j].mean()), float(acc[j])
         metrics.update({f"{name}/omega/{partner}": float(omega[i, j]) for i, partner in enumerate(names) if i != j})
-    return Step(rollouts, rewards, views, metrics)
+    return Step(rollouts, rewards, views, metrics)           # 9. Weight sync: the caller's, where engines need it

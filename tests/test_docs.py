@@ -12,8 +12,10 @@ file before it, and the names of documents kept outside the repo (`HACPO_SPEC`, 
 from __future__ import annotations
 
 import ast
+import io
 import os
 import re
+import tokenize
 from functools import lru_cache
 from pathlib import Path
 
@@ -420,3 +422,123 @@ def test_the_citation_checker_names_file_and_line_and_skips_recorded_reports(tmp
     (tmp_path / "notes" / "todo.md").write_text(f"{one}\n")  # not a place a reader of the repo looks
     assert issue_citations(tmp_path) == [f"docs/guide.md:3: {one.title()!r}", f"docs/guide.md:3: {hashed!r}",
                                          f"docs/guide.md:3: {two!r}", f"hacrl_lightning/zoo.py:1: {one!r}"]
+
+
+# ---- one numbering of the training step
+
+STEP_LISTS = (("docs/training.md", "## The step, phase by phase"), ("docs/spec.md", "## 7. Algorithm 1: one training step"))
+"""Where a step's phases are a numbered list: the code's telling (the one numbering), then the paper's math."""
+STEP_CODE = (("hacrl_lightning/module.py", "HACRLModule.training_step"), ("hacrl_lightning/reference.py", "hacpo_step"))
+"""The functions whose comments number the phases (`# 5. Fixed inputs: ...`)."""
+PHASE_ITEM = re.compile(r"^(\d+)\.\s+\*\*([^*]+)\*\*")
+PHASE_COMMENT = re.compile(r"^#\s*(\d+)\.\s+(.*)")
+COUNT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
+
+
+def phase_list(text: str, heading: str) -> tuple[str, list[tuple[int, str]]] | None:
+    """(the section's text, its numbered phases `N. **Name**` as (N, Name)) under `heading`, up to the next
+    heading; code fences skipped. None: no such heading."""
+    lines = text.splitlines()
+    if heading not in lines:
+        return None
+    section, items, fenced = [], [], False
+    for line in lines[lines.index(heading) + 1:]:
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,6}\s", line):
+            break
+        elif not fenced and (match := PHASE_ITEM.match(line)):
+            items.append((int(match.group(1)), match.group(2).strip()))
+        section.append(line)
+    return "\n".join(section), items
+
+
+def phase_comments(source: str, qualname: str) -> list[tuple[int, str]] | None:
+    """The comments `# N. text` of function `qualname` ("Class.method" or "function"), as (N, text) in source
+    order, from its def to the next definition beside it (a comment after its last statement counts). None: no
+    such function."""
+    tree = ast.parse(source)
+    body, first, last = tree.body, 0, len(source.splitlines())
+    for part in qualname.split("."):
+        for i, item in enumerate(body):
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and item.name == part:
+                if i + 1 < len(body):
+                    after = body[i + 1]
+                    last = min([after.lineno] + [d.lineno for d in getattr(after, "decorator_list", [])]) - 1
+                body, first = item.body, item.lineno
+                break
+        else:
+            return None
+    comments = [(token.start[0], token.string) for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                if token.type == tokenize.COMMENT]
+    return [(int(match.group(1)), match.group(2)) for row, text in comments
+            if first <= row <= last and (match := PHASE_COMMENT.match(text))]
+
+
+def step_numbering_problems(root: Path = REPO) -> list[str]:
+    """Where the step's numbering differs from docs/training.md's list of phases (1, 2, ..., at least 8): the
+    list of spec.md's section 7 (the same numbers and names, and its count in words, "the same nine"), and the
+    `# N. Name` comments of `HACRLModule.training_step` and `reference.hacpo_step` (each number once, in order,
+    its text starting with the phase's name)."""
+    (path, heading), (spec_path, spec_heading) = STEP_LISTS
+    found = phase_list((root / path).read_text(), heading)
+    phases = found[1] if found else []
+    numbers = [number for number, _ in phases]
+    if len(phases) < 8 or numbers != list(range(1, len(phases) + 1)):
+        return [f"{path}: no list of phases numbered 1, 2, ... under {heading!r} (found {numbers})"]
+    problems = []
+    spec = phase_list((root / spec_path).read_text(), spec_heading)
+    if spec is None or spec[1] != phases:
+        problems.append(f"{spec_path}: the phases under {spec_heading!r} are {spec and spec[1]}, not {path}'s {phases}")
+    elif len(phases) >= len(COUNT_WORDS) or f"the same {COUNT_WORDS[len(phases)]}" not in spec[0]:
+        problems.append(f"{spec_path}: section 7 does not say its count, \"the same {len(phases)} phases\" in words")
+    for code_path, qualname in STEP_CODE:
+        comments = phase_comments((root / code_path).read_text(), qualname)
+        if comments is None:
+            problems.append(f"{code_path}: no {qualname}")
+        elif [number for number, _ in comments] != numbers:
+            problems.append(f"{code_path}: {qualname}'s phase comments are numbered {[n for n, _ in comments]}, "
+                            f"{path}'s phases {numbers}")
+        else:
+            problems += [f"{code_path}: {qualname}'s comment {number}. is {text!r}, {path}'s phase {number} is {name!r}"
+                         for (number, name), (_, text) in zip(phases, comments) if not text.lower().startswith(name.lower())]
+    return problems
+
+
+def test_the_training_step_is_numbered_one_way():
+    """docs/training.md's numbered phases are the one numbering of a step: spec.md's section 7 numbers the same
+    phases, and the comments of the module's `training_step` and the reference's `hacpo_step` carry each number
+    once, in order."""
+    problems = step_numbering_problems()
+    assert not problems, "the step is numbered differently in:\n" + "\n".join(problems)
+
+
+def test_the_step_numbering_check_fails_where_one_place_is_renumbered(tmp_path):
+    """The checker on copies of the four places, each time with one of them changed."""
+    places = [path for path, _ in STEP_LISTS + STEP_CODE]
+
+    def copy(change: str, old: str, new: str) -> list[str]:
+        root = tmp_path / f"tree{len(list(tmp_path.iterdir()))}"
+        for place in places:
+            text = (REPO / place).read_text()
+            if place == change:
+                assert old in text, f"{place} no longer holds {old!r}: update this test"
+                text = text.replace(old, new, 1)
+            (root / place).parent.mkdir(parents=True, exist_ok=True)
+            (root / place).write_text(text)
+        return step_numbering_problems(root)
+
+    assert copy("", "", "") == []
+    renumbered = copy("hacrl_lightning/module.py", "# 6. Advantages", "# 7. Advantages")
+    assert len(renumbered) == 1 and renumbered[0].startswith("hacrl_lightning/module.py: HACRLModule.training_step's "
+                                                             "phase comments are numbered [1, 2, 3, 4, 5, 7, 7, 8, 9]")
+    renamed = copy("hacrl_lightning/reference.py", "# 3. Reward", "# 3. Scoring")
+    assert len(renamed) == 1 and "reference.py: hacpo_step's comment 3. is 'Scoring" in renamed[0]
+    spec = copy("docs/spec.md", "6. **Advantages**", "7. **Advantages**")
+    assert len(spec) == 1 and spec[0].startswith("docs/spec.md: the phases under")
+    count = copy("docs/spec.md", "the same nine", "the same eight")
+    assert len(count) == 1 and "does not say its count" in count[0]
+    added = copy("docs/training.md", "9. **Weight sync**", "10. **Evaluation**: held out.\n9. **Weight sync**")
+    assert len(added) == 1 and "no list of phases numbered 1, 2, ..." in added[0]
+    more = copy("docs/training.md", "9. **Weight sync**: ", "9. **Weight sync**: x\n10. **Evaluation**: ")
+    assert [problem.split(":")[0] for problem in more] == ["docs/spec.md", *[path for path, _ in STEP_CODE]], more

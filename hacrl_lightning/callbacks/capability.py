@@ -1,7 +1,7 @@
 """Capability window callback: the one owner of each agent's accuracy window (docs/spec.md §2-3).
 
 At `on_train_batch_start`, before the module trains on the step, it adds the step's accuracy over the
-*global* batch (`step_accuracy` of the `StepBatch`'s rewards, docs/spec.md §7 step 4) to its window and
+*global* batch (`step_accuracy` of the `StepBatch`'s rewards, phase 5 of docs/spec.md §7) to its window and
 hands the step's omega forward on the batch (`StepBatch.omega`); the module reads it there and never calls
 back. Its state is its own `state_dict` (Lightning checkpoints it; a resumed run continues the window),
 and it reports `{agent}/capability` once per step. The math lives in `hacrl_lightning.algorithms.capability`.
