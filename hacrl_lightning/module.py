@@ -499,15 +499,18 @@ class HACRLModule(pl.LightningModule):
             # the optimizer's parameters: under FSDP2 the sharded ones the gradients land on (between a
             # forward and its backward, `agent.parameters()` may hold unsharded stand-ins)
             params = [p for group in opt.param_groups for p in group["params"]]
-            backward = partial(self._backward, agent, view, plan, tables, lowers)        # (m, micro_batch, part)
+            backward = partial(self._backward, agent, view, plan, tables, lowers,  # (m, micro_batch, part),
+                               own_old_is_new=True)                              # no update yet
             diagnostics = measure_grad_share(name, params, plan, view.is_own, self.settings.micro_batch_size, backward)
             diagnostics[f"time/diagnostics/{name}"] = time.perf_counter() - start
         grad_norms, skipped = [], []
+        updated = False  # no update of this learner yet: its own rows' ratio is exactly 1
         for m in range(len(plan)):
             opt.zero_grad(set_to_none=True)
             finite_loss = torch.ones((), dtype=torch.bool, device=self.device)
             for micro_batch in plan.passes(m, self.settings.micro_batch_size):
-                loss, metrics, micro = self._backward(agent, view, plan, tables, lowers, m, micro_batch)
+                loss, metrics, micro = self._backward(agent, view, plan, tables, lowers, m, micro_batch,
+                                                      own_old_is_new=not updated)
                 finite_loss &= torch.isfinite(loss.detach())
                 if micro_batch.counts:
                     own_tokens = (micro.loss_mask & micro.is_own[:, None]).sum() if token_level else None
@@ -520,6 +523,7 @@ class HACRLModule(pl.LightningModule):
             grad_norms.append(grad_norm)
             opt.step()
             sched.step()
+            updated = True
             self.counters[name]["optimizer_updates"] += 1
         order = plan.rows
         self.counters[name]["responses_trained"] += len(order)
@@ -531,7 +535,7 @@ class HACRLModule(pl.LightningModule):
                     float((tables.advantages[order] == 0).float().mean()) if len(order) else 0.0}
 
     def _backward(self, agent: Agent, view: AgentView, plan: StepPlan, tables: LearnerTables, lowers: tuple[float, ...],
-                  m: int, micro_batch: MicroBatch, part: str | None = None):
+                  m: int, micro_batch: MicroBatch, part: str | None = None, *, own_old_is_new: bool = False):
         """One pass of the update (or of `part` of it, "self" or "cross"): the forward of `micro_batch`'s rows
         of mini-batch m, `hacpo_loss` normalised over the global mini-batch, and the backward of the loss
         scaled by the world size times the pass's weight. Returns the loss, its metrics and the micro view."""
@@ -540,7 +544,8 @@ class HACRLModule(pl.LightningModule):
                                     first_target=first_target_column(micro.loss_mask))                        # [b, T]
         inputs = loss_inputs(view, micro, micro_batch.rows, plan.mini_batches[m], logp, tables, cross_lower=lowers[m],
                              loss_scale_factor=float(agent.cfg.max_response_len),
-                             engine_logp=self.alg.rollout_is_cap > 0, part=part, micro_batches=micro_batch.passes)
+                             engine_logp=self.alg.rollout_is_cap > 0, part=part, micro_batches=micro_batch.passes,
+                             own_old_is_new=own_old_is_new)
         loss, metrics = hacpo_loss(**self.loss_settings, **inputs)
         self.manual_backward(loss * (micro_batch.weight * float(plan.world)))  # FSDP averages over the plan's ranks
         return loss, metrics, micro

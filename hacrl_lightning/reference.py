@@ -1,19 +1,18 @@
 """One HACPO step for N agents in plain PyTorch + transformers, top to bottom: read this first.
 
-`hacpo_step` is the step of docs/training.md in one function, its comments numbered as that page numbers the
-phases. Every agent answers every prompt G times with its own sampling; one reward scores each response; each
-learner sees every response in its own tokenization; each source scores its own responses once (old log-probs),
-the capability window gives omega; then advantages, and one AdamW update per mini-batch, own rows first.
-`HACRLModule.training_step` does the same through Lightning; tests/test_reference.py checks that one step
-here makes the framework's update, and the bare loop of `bench.py step` runs this step. The math is the
-repo's pure functions (`hacrl_lightning.algorithms`), the rollout records and token views come from
-`exchange.py`, and the engines are the framework's (`rollout/`).
+`hacpo_step` is the step of docs/training.md in one function, its comments numbered as that page numbers the phases.
+Every agent answers every prompt G times with its own sampling; one reward scores each response; each learner sees
+every response in its own tokenization; each source scores its own responses once (old log-probs), the capability
+window gives omega; then advantages, and one AdamW update per mini-batch, own rows first. `HACRLModule.training_step`
+does the same through Lightning; tests/test_reference.py checks that one step here makes the framework's update, and
+the bare loop of `bench.py step` runs this step. The math is the repo's pure functions (`hacrl_lightning.algorithms`),
+the rollout records and token views come from `exchange.py`, and the engines are the framework's (`rollout/`).
 
-Deliberately not here: Lightning, data parallelism and FSDP, micro-batching (one forward pass per
-mini-batch), devices other than the CPU (tensors stay where `view_for` makes them), the KL reference
-(kl_coef > 0), token-level ratios (grpo), own-only views (gspo), a cap on partners' responses per prompt,
-the rollout importance-sampling correction, LR warm-up, skipping non-finite updates, reward time-outs,
-checkpoints and logging. `check_supported` refuses a config that needs one of them.
+Deliberately not here: Lightning, data parallelism and FSDP, micro-batching (one forward pass per mini-batch), devices
+other than the CPU (tensors stay where `view_for` makes them), the KL reference (kl_coef > 0), token-level ratios
+(grpo), own-only views (gspo), a cap on partners' responses per prompt, the rollout importance-sampling correction, LR
+warm-up, skipping non-finite updates, reward time-outs, checkpoints and logging. `check_supported` refuses a config
+that needs one of them.
 """
 
 from __future__ import annotations
@@ -144,9 +143,11 @@ def update_learner(k: int, agent: Agent, optimizer: torch.optim.Optimizer, view:
         batch = view.select(rows)                                                         # [B, T], padding trimmed
         logp = agent.token_logprobs(batch.input_ids, batch.attention_mask, temperature=agent.cfg.temperature)
         lower = cross_clip_lower(m, alg.delta, alg.delta_step)                            # Eq. 14, rises with m
+        old = torch.where(batch.is_own & (m == 0), sequence_mean_logp(logp.detach(), batch.loss_mask),  # [B]: m = 0,
+                          old_mean[batch.row_idx])   # no update yet, own rows' old log-probs are these (docs/spec.md §5)
         loss, _ = hacpo_loss(                                                             # Eqs. 47-52, docs/spec.md §6
             logp_new=logp, loss_mask=batch.loss_mask, is_own=batch.is_own, cross_lower=lower,
-            advantages=advantages[batch.row_idx], old_logp_mean=old_mean[batch.row_idx],   # [B], [B]
+            advantages=advantages[batch.row_idx], old_logp_mean=old,                       # [B], [B]
             omega_factor=omega[batch.source_idx, k], rewards=rewards[batch.row_idx],       # omega[j, k]: [B]
             total_seqs=float(len(rows)), total_tokens=batch.loss_mask.sum().clamp(min=1),  # the whole mini-batch
             loss_scale_factor=float(agent.cfg.max_response_len), **alg.loss_settings())

@@ -183,6 +183,8 @@ class _ClosingEngine:
     engine in its own process mostly waits for that process: closed one after another, the first would wait
     forever (here: a broken barrier after 30 s)."""
 
+    in_process = False
+
     def __init__(self, barrier: threading.Barrier, fails: bool = False):
         self.barrier, self.fails, self.closed = barrier, fails, False
 
@@ -199,7 +201,8 @@ def test_engines_close_side_by_side_every_one_even_when_one_fails():
     with pytest.raises(RuntimeError, match="engine 1 could not stop"):
         close_engines(engines)
     assert all(engine.closed for engine in engines)
-    lone = _ClosingEngine(threading.Barrier(1))
-    close_engines([lone])  # one engine: closed in this thread
-    assert lone.closed
+    inside = _ClosingEngine(threading.Barrier(1))  # an engine in this process: closed here, alone
+    inside.in_process = True
+    close_engines([inside, _ClosingEngine(threading.Barrier(1))])
+    assert inside.closed
     close_engines([])

@@ -54,16 +54,22 @@ def make_engine(backend: str, model: torch.nn.Module, **options) -> RolloutEngin
 
 
 def close_engines(engines: Sequence[RolloutEngine]) -> None:
-    """Close every engine, side by side: an engine in its own process mostly waits for that process to end (vLLM
-    0.32 on CPU gives each 5 s before it kills it), so n engines take one wait, not n. Every engine is closed
-    even when one fails; the first failure is raised after."""
+    """Close every engine. Engines in processes of their own close side by side: each close mostly waits for its
+    process to end (vLLM 0.32 on CPU gives each 5 s before it kills it), so n engines take one wait, not n. Engines
+    in this process close one after another (vLLM's in-process shutdown tears down process-wide state). Every engine
+    is closed even when one fails; the first failure is raised after."""
     engines = list(engines)
-    if len(engines) < 2:
-        for engine in engines:
-            engine.close()
-        return
-    with ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="close-engine") as pool:
-        failures = [future.exception() for future in [pool.submit(engine.close) for engine in engines]]
+    apart = [engine for engine in engines if getattr(engine, "in_process", True) is False]
+    failures: list[BaseException | None] = []
+    if apart:
+        with ThreadPoolExecutor(max_workers=len(apart), thread_name_prefix="close-engine") as pool:
+            failures += [future.exception() for future in [pool.submit(engine.close) for engine in apart]]
+    for engine in engines:
+        if engine not in apart:
+            try:
+                engine.close()
+            except Exception as err:  # noqa: BLE001 - the others are closed first, then it is raised
+                failures.append(err)
     for failure in failures:
         if failure is not None:
             raise failure
