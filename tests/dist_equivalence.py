@@ -136,10 +136,10 @@ def spy_on_m() -> dict:
     real_backward = module_mod.HACRLModule._backward
     state: dict = {"calls": {}}
 
-    def backward_spy(module, agent, view, plan, tables, lowers, m, micro_batch, part=None):
+    def backward_spy(module, agent, view, plan, tables, lowers, m, micro_batch, part=None, **keywords):
         if part is None:
             state["calls"].setdefault(agent.name, []).append(m)
-        return real_backward(module, agent, view, plan, tables, lowers, m, micro_batch, part)
+        return real_backward(module, agent, view, plan, tables, lowers, m, micro_batch, part, **keywords)
 
     module_mod.HACRLModule._backward = backward_spy
     return state

@@ -466,13 +466,13 @@ def watch_drift(module, drifts: dict) -> None:
     instance), that micro-batch's loss and gradient under bf16 autocast and in fp32 (`drift`)."""
     backward = module._backward
 
-    def wrapped(agent, view, plan, tables, lowers, m, micro_batch, part=None):
+    def wrapped(agent, view, plan, tables, lowers, m, micro_batch, part=None, **keywords):
         if module.steps_done == 0 and part is None and micro_batch.counts and agent.name not in drifts:
             try:
                 drifts[agent.name] = drift(module, agent, view, plan, tables, lowers, m, micro_batch)
             except Exception:  # noqa: BLE001 - the drift is a figure: its failure must not stop the part
                 drifts[agent.name] = {"error": traceback.format_exc()[-2000:]}
-        return backward(agent, view, plan, tables, lowers, m, micro_batch, part)
+        return backward(agent, view, plan, tables, lowers, m, micro_batch, part, **keywords)
 
     module._backward = wrapped
 
@@ -485,8 +485,8 @@ def drift(module, agent, view, plan, tables, lowers, m, micro_batch) -> dict:
     """One micro-batch's `hacpo_loss` and its gradient over every parameter under bf16 autocast and with
     autocast off (fp32), on the same weights and inputs, as the first mini-batch of a step sees them in each
     precision: the own rows' old log-probs are the pass's own (detached), so their ratio is exactly 1 in both
-    (the old log-probs of a real step come from another pass, in batches of another shape: the noise
-    figures below), the partner rows' are the step's. The step's advantages are replaced by seeded N(0, 1)
+    (a real step does the same until a learner's first update, docs/spec.md §5; scored in another pass, in
+    batches of another shape, they would move: the noise figures below), the partner rows' are the step's. The step's advantages are replaced by seeded N(0, 1)
     draws: random-weight agents score 0 everywhere, so their own advantages (and with them loss and
     gradient) are exactly zero.
 
