@@ -1,4 +1,4 @@
-"""The suite's cost, from the JUnit reports `make test` leaves in test-reports/ (one per lane).
+"""The suite's cost, from the JUnit reports `make test` leaves in test-reports/ (main.xml, main-second.xml, vllm.xml).
 
     python tests/durations.py                  # the ten slowest tests and files of the last `make test`
     python tests/durations.py --top 30 test-reports/main.xml
