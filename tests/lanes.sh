@@ -9,7 +9,13 @@
 # of the main suite's files join it is chosen from the durations each `make test` keeps (tests/durations.py),
 # so that both lanes end at about the same time. Either lane failing fails `make test`. Called by the Makefile
 # with: PY VLLM_PY REPORTS MAKE VLLM_STAMP SECOND_LANE.
+#
+# Each lane's processes run one OpenMP thread (unless OMP_NUM_THREADS is set): with two threads per process on two
+# cores beside the other lane, torch's threads wait on each other. Measured 2026-11-28 on this 2-core machine,
+# tests/test_training.py beside test_distributed.py + test_bench.py: 296 and 282 s with torch's default threads,
+# 204 and 243 s with one (CPU time of the first 172 -> 88 s: the same work, less spinning).
 set -u
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 : "${PY:?}" "${VLLM_PY:?}" "${REPORTS:?}" "${MAKE:?}" "${VLLM_STAMP:?}" "${SECOND_LANE:?}"
 mkdir -p "$REPORTS"
 rm -f "$REPORTS"/*.xml
