@@ -77,6 +77,12 @@ def test_the_bf16_drift_is_measured_for_each_learner(tiny_check):
         assert 0 < d["grad_rel"] < 0.1 and d["grad_cos"] > 0.99
         assert d["ratio_noise_fp32"]["max"] < 1e-4  # fp32: rounding only (H100: 1e-6)
         assert f"drift {name}" in md
+    # mini-batch 0 of every step: the own rows' ratio is exactly 1 (their old log-probs are the pass's own)
+    first = report["parts"]["single"]["own_clipped_at_first_mini_batch"]
+    assert set(first) == set(drifts)
+    for name, row in first.items():
+        assert row["own_rows"] > 0 and row["clipped_rows"] == 0 and row["max_ratio_dev"] == 0.0, (name, row)
+        assert f"own rows at mini-batch 0 (all steps), {name}: {row['own_rows']}, clipped 0" in md
 
 
 @pytest.mark.slow

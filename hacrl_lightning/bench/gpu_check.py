@@ -411,12 +411,13 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False) -> dict:
     drifts: dict = {}
     if drift:
         watch_drift(module, drifts)
+    first_clipped = watch_first_mini_batch(module)
     parameters = {name: sum(p.numel() for p in agent.model.parameters()) for name, agent in module.agents.items()}
 
     def result(peaks: list) -> dict:
         out = {"config": overrides(args, size, fsdp=fsdp, offload=offload), "size": asdict(size), "load_s": round(load_s, 2),
                "parameters": parameters, "steps": list(recorder.steps), "memory_gib_by_step": peaks,
-               "plan_gib": plan, "drift": drifts}
+               "plan_gib": plan, "drift": drifts, "own_clipped_at_first_mini_batch": first_clipped}
         out["figures"] = figures(out, tflops=args.tflops)
         return out
 
@@ -475,6 +476,30 @@ def watch_drift(module, drifts: dict) -> None:
         return backward(agent, view, plan, tables, lowers, m, micro_batch, part, **keywords)
 
     module._backward = wrapped
+
+
+def watch_first_mini_batch(module) -> dict:
+    """Per learner, over every step: its own rows in the update's passes of mini-batch 0, the share of them whose
+    gradient the clip took (`clip/self_frac`, weighted by `count/self`) and their largest |ratio - 1| (from
+    `ratio/self_min` / `_max`); `_backward` wrapped on this instance. Until a learner's first update of a step its
+    own rows' ratio is exactly 1 (docs/spec.md §5), whatever the precision and batching: anything else is a fault
+    the report shows."""
+    seen: dict = {}
+    backward = module._backward
+
+    def wrapped(agent, view, plan, tables, lowers, m, micro_batch, part=None, **keywords):
+        loss, metrics, micro = backward(agent, view, plan, tables, lowers, m, micro_batch, part, **keywords)
+        if m == 0 and part is None and micro_batch.counts and float(metrics.get("count/self", 0.0)) > 0:
+            own = float(metrics["count/self"])
+            row = seen.setdefault(agent.name, {"own_rows": 0, "clipped_rows": 0.0, "max_ratio_dev": 0.0})
+            row["own_rows"] += int(round(own))
+            row["clipped_rows"] += float(metrics.get("clip/self_frac", 0.0)) * own
+            row["max_ratio_dev"] = max(row["max_ratio_dev"], abs(float(metrics.get("ratio/self_max", 1.0)) - 1.0),
+                                       abs(1.0 - float(metrics.get("ratio/self_min", 1.0))))
+        return loss, metrics, micro
+
+    module._backward = wrapped
+    return seen
 
 
 NOISE_ROWS = 4
@@ -690,6 +715,9 @@ def markdown(report: dict) -> str:
         if "memory_gib" in fig:
             lines.append(f"peak memory (GiB) {fig['memory_gib']} against the plan's {part['plan_gib'].get('phases')}: "
                          f"ratio {fig['memory_over_plan']}")
+        for agent, row in (part.get("own_clipped_at_first_mini_batch") or {}).items():
+            lines.append(f"own rows at mini-batch 0 (all steps), {agent}: {row['own_rows']}, clipped "
+                         f"{row['clipped_rows']:.0f}, largest |ratio - 1| {row['max_ratio_dev']:.2e}")
         for agent, d in (part.get("drift") or {}).items():
             if "error" in d:
                 lines.append(f"drift {agent}: failed")
