@@ -594,6 +594,10 @@ class TrainConfig:
     """Where the resolved config, TensorBoard events, checkpoints and exports go."""
     resume: Optional[str] = setting(None, location=True)
     """A checkpoint file or a run directory (its newest checkpoint) to continue from."""
+    resume_agents: str = setting("same", location=True)
+    """`same`: a resume keeps the run's agents (another `agents=[...]` is refused); `change`: it may add and drop
+    agents, each kept one continuing exactly and each new one starting from its preset
+    (docs/reliability.md#3-interrupts-crash-safety-and-resume)."""
     overwrite: bool = setting(False, location=True)
     """Start a fresh run in a `run_dir` that already holds one (its old contents are removed); without it a
     non-empty `run_dir` is refused unless the command resumes that run."""
@@ -615,6 +619,7 @@ class TrainConfig:
 DTYPES = ("float32", "bfloat16", "float16")
 STRATEGIES = ("auto", "single", "fsdp")
 PLACEMENTS = ("shared", "split")
+RESUME_AGENTS = ("same", "change")
 WEIGHT_SYNCS = ("shared_memory", "file")
 PRECISIONS = ("32-true", "bf16-mixed")
 
@@ -861,6 +866,7 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
         c.bad(key, value, f"1 with trainer.strategy={tr.strategy} (several ranks shard each agent with FSDP2)",
               f"add trainer.strategy=fsdp (or trainer=fsdp), or set {key}=1")
     c.choice("trainer.placement", tr.placement, PLACEMENTS)  # whether a split can be made: placement.split_problems
+    c.choice("resume_agents", cfg.resume_agents, RESUME_AGENTS)
     if tr.precision not in PRECISIONS:
         low = str(tr.precision).endswith("-true") and str(tr.precision) != "32-true"
         c.bad("trainer.precision", tr.precision, f"one of {list(PRECISIONS)} (fp32 master weights and optimizer state)",

@@ -49,7 +49,7 @@ from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule, UpdateSettings
 from hacrl_lightning.offload import Residency
 from hacrl_lightning.placement import Placement, launch_rank, on_every_rank
-from hacrl_lightning.resume import config_dict, resume_changes
+from hacrl_lightning.resume import adapt_checkpoint, config_dict, resume_changes
 from hacrl_lightning.run_dir import claim_run_dir, linked_exports_problem, run_dir_of
 from hacrl_lightning.strategies import lightning_precision, make_strategy
 
@@ -152,11 +152,12 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
     roles = {"timer": StepTimer(started=started),
              "evaluation": HeldOutEvalCallback(datamodule, every=cfg.trainer.eval_every,
                                                samples=cfg.trainer.eval_samples),
-             "stop": StopOnSignal(), "no_signal": NoSignalWarning(names, steps=cfg.trainer.no_signal_steps)}
+             "stop": StopOnSignal(), "no_signal": NoSignalWarning(names, steps=cfg.trainer.no_signal_steps),
+             "capability": CapabilityCallback(window, names)}
     callbacks = [
         roles["stop"],  # first: a signal during the initial evaluation already counts as "stop after this step"
         # before each step, in this order or any: they hand the step's omega and clip bounds forward on its batch
-        CapabilityCallback(window, names),
+        roles["capability"],
         StepwiseClipCallback(delta=cfg.algorithm.delta, delta_step=cfg.algorithm.delta_step,
                              mini_batch_size=settings.mini_batch_size),
         WeightSyncCallback(datamodule, residency),
@@ -220,6 +221,8 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
             pl.seed_everything(cfg.seed, workers=True, verbose=False)
             module, datamodule, callbacks, roles = build_system(cfg, run_dir, started=started)
             trainer = build_trainer(cfg, run_dir, [*callbacks, *extra_callbacks])
+            if "agents" in changes:  # resume_agents=change: the checkpoint takes this run's agent set as it loads
+                trainer.strategy.checkpoint_io.adapt = _agents_adapter(module)
         except BaseException:
             run.abandon()
             raise
@@ -290,6 +293,20 @@ def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, An
     if problems:
         raise ConfigError(problems)
     return changes
+
+
+def _agents_adapter(module: HACRLModule):
+    """`LocalCheckpointIO.adapt` for a resume with another agent set: `resume.adapt_checkpoint`, a new agent's
+    weights those its preset loaded, its optimizer state and LR schedule those `configure_optimizers` makes
+    (computed as the checkpoint loads; Lightning makes the run's own optimizers again after)."""
+    def adapt(checkpoint: dict) -> dict:
+        optimizers, schedules = module.configure_optimizers()
+        fresh = {name: (opt.state_dict(), sched["scheduler"].state_dict())
+                 for name, opt, sched in zip(module.local, optimizers, schedules)}
+        return adapt_checkpoint(checkpoint, module.names, weights=module.state_dict(),
+                                optimizers={name: opt for name, (opt, _) in fresh.items()},
+                                schedules={name: sched for name, (_, sched) in fresh.items()}, counters=module.counters)
+    return adapt
 
 
 def checkpoints_problem(run_dir: Path) -> Problem | None:
@@ -382,10 +399,29 @@ def _record_start(run_dir: Path, cfg: TrainConfig, config_yaml: str | None, *, c
         print(f"resume: {path} does not load ({reason}); using {source} instead{aside}", file=sys.stderr)
     if changes:
         print("resume: changed " + ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items()))
+    if continuing and "agents" in changes:
+        _keep_agents_change(run_dir, source, cfg)
     if config_yaml is not None:
         write_atomically(run_dir / ("config.resumed.yaml" if continuing else "config.yaml"), config_yaml)
     if not continuing:  # the settings the run was started with (a continued run keeps its own)
         write_atomically(run_dir / "run_config.json", json.dumps(config_dict(cfg), indent=2) + "\n")
+
+
+def _keep_agents_change(run_dir: Path, source: Path, cfg: TrainConfig) -> None:
+    """A run continued with another agent set (`resume_agents=change`): the checkpoint it continues from is kept
+    (linked, else copied) in `checkpoints/before_agents_change/`, where no pruning or resume looks, so a dropped
+    agent's state stays on disk; `run_config.json` takes the new agents (a later resume is compared with them)."""
+    keep = run_dir / "checkpoints" / "before_agents_change" / source.name
+    if not keep.exists():
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copytree(source, keep, copy_function=os.link) if source.is_dir() else os.link(source, keep)
+        except OSError:  # another filesystem, or one without hard links
+            shutil.copytree(source, keep, dirs_exist_ok=True) if source.is_dir() else shutil.copy2(source, keep)
+    saved_path = run_dir / "run_config.json"
+    saved = json.loads(saved_path.read_text())
+    saved["agents"] = config_dict(cfg)["agents"]
+    write_atomically(saved_path, json.dumps(saved, indent=2) + "\n")
 
 
 def _write_summary(trainer: pl.Trainer, run_dir: Path, summary: dict[str, Any]) -> None:
@@ -420,10 +456,12 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Call
     too long for an agent (`overlong`: per split, from `RolloutDataModule.overlong`). `pruned`: the full checkpoints
     are deleted right after the summary is written (`trainer.keep_at_end`), so it names none."""
     evaluation, timer, stop = roles["evaluation"], roles["timer"], roles["stop"]
+    presence = roles.get("capability")
     agents = {}
     for name in module.names:
-        agents[name] = {
-            "initial": evaluation.initial.get(name, {}),
+        agents[name] = {  # an agent added by a resume: its first evaluation, at the step it joined
+            "initial": next((row["scores"][name] for row in evaluation.history if name in row["scores"]), {}),
+            "present_from_step": presence.joined.get(name, 0) if presence else 0,
             "final": evaluation.final.get(name, {}),
             "steps": module.steps_done,
             **module.counters[name],
@@ -455,6 +493,7 @@ def make_summary(cfg: TrainConfig, module: HACRLModule, roles: dict[str, pl.Call
         "run_dir": str(Path(cfg.run_dir).resolve()),
         "prompts_dropped_overlong": overlong,
         "agents": agents,
+        "agents_left": dict(presence.left) if presence else {},
         "no_signal": list(roles["no_signal"].stretches) if "no_signal" in roles else [],
         "eval_history": evaluation.history,
     }

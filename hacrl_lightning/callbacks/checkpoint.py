@@ -124,7 +124,14 @@ class LocalCheckpointIO(TorchCheckpointIO):
     `save_atomically` renames) and nowhere else: Lightning's own goes through an fsspec transaction, which writes the
     whole checkpoint into `$TMPDIR` first. The state is serialised in memory (as Lightning's is) and written with
     Python's file calls, so a failed write raises the `OSError` that names its cause (torch's own file writer
-    reports any failure as a `RuntimeError` without its errno)."""
+    reports any failure as a `RuntimeError` without its errno). `adapt`, when set, maps a checkpoint as it loads,
+    before Lightning restores anything from it (`resume_agents=change`: `resume.adapt_checkpoint`)."""
+
+    adapt = None
+
+    def load_checkpoint(self, *args, **kwargs):
+        checkpoint = super().load_checkpoint(*args, **kwargs)
+        return self.adapt(checkpoint) if self.adapt is not None else checkpoint
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         if storage_options is not None:
