@@ -22,7 +22,8 @@ over micro-batches and ranks), `step` (a training step's contract: `PromptBatch`
 diagnostic), `files` (durable atomic writes), `safe_load` (checkpoints and YAML from others, read without running
 their code), `failures` (faults that end a run in one line), `module`, `datamodule`, `callbacks`, `strategies`, `training` (one run,
 config to summary), `run_dir` (claiming a run directory), `resume` (what a resume may change),
-`console` (a quiet console), `scoring` (a held-out set answered and scored), `evaluation`, `experiments` (comparisons over seeds), `bench` (benchmarks).
+`console` (a quiet console), `scoring` (a held-out set answered and scored), `collective` (what the agents
+know together: union and majority-vote accuracy from answers already scored), `evaluation`, `experiments` (comparisons over seeds), `bench` (benchmarks).
 Deliberately not here: any code but this table of names.
 """
 

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from hacrl_lightning.agents.agent import Agent
+from hacrl_lightning.collective import answer_key
 from hacrl_lightning.exchange import AgentView, Rollout, make_rollouts, view_for
 from hacrl_lightning.config import DataConfig, RolloutConfig
 from hacrl_lightning.data.filters import drop_overlong_prompts, keep_fitting, prompt_lengths
@@ -165,6 +166,9 @@ class RolloutDataModule(pl.LightningDataModule):
         """Prompts dropped at set-up for being longer than an agent's max_prompt_len, per split
         (`data.filters.drop_overlong_prompts`); None when `data.filter_overlong_prompts` is off."""
         self._loader: ResumableLoader | None = None
+        self.greedy_answers: dict[str, dict[str, list]] = {}
+        """The last held-out evaluation's greedy answers per agent: `answers` (`collective.answer_key` of each)
+        and `correct` (each one's verifier score), for the group's figures (`callbacks/evaluation.py`)."""
         self.phase_listeners: list[Callable[[str], None]] = []
         """Called with a phase's name as `rollout` enters it ("rollout", "reward", "exchange"): a seam for the
         benchmark's per-phase memory (`bench/step.py`); the phases' times are the step's `timings`."""
@@ -407,10 +411,13 @@ class RolloutDataModule(pl.LightningDataModule):
         agent, engine, score = self.agents[name], self.engines[name], self.reward_pool.score
         j = self.names.index(name)
         rank = self._share[0]  # this rank's place among those answering for this agent
-        greedy = answer_rewards(agent, engine, examples, samples=1, temperature=0.0, score=score,
+        texts: list[list[str]] = []
+        greedy = answer_rewards(agent, engine, examples, samples=1, temperature=0.0, score=score, answers_out=texts,
                                 seed=step_seed(self.seed, step, 5 + 1000 * j + 7 * rank))          # [P, 1]
         terms = getattr(self.reward, "terms", None)  # acc is the verifier's (first term's), never a weighted sum
         greedy, figures = held_out_figures(greedy, self.reward_pool.parts, terms)
+        self.greedy_answers[name] = {"answers": [answer_key(row[0]) for row in texts],  # the group's figures'
+                                     "correct": [float(v) for v in greedy[:, 0]]}       # (collective.py)
         row = {"acc": float(greedy.mean()) if len(examples) else 0.0, **figures}
         if samples > 1:
             hits = answer_rewards(agent, engine, examples, samples=samples, temperature=None, score=score,
@@ -422,9 +429,11 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def evaluate(self, *, samples: int = 1, limit: int | None = None, step: int = 0) -> dict[str, dict[str, float]]:
         """Per agent on the held-out set (`scoring.answer_rewards`): greedy accuracy, and avg@k /
-        pass@k over k answers sampled at the agent's temperature (k > 1)."""
+        pass@k over k answers sampled at the agent's temperature (k > 1). Each agent's greedy answers (their
+        `collective.answer_key`) and verifier scores stay in `greedy_answers` for the group's figures."""
         examples = list(self.eval_set)[:limit]
         results: dict[str, dict[str, float]] = {}
+        self.greedy_answers = {}
         for name in self.agents:
             with self._weights_for(name):
                 results[name] = self._evaluate_one(name, examples, samples=samples, step=step)
@@ -432,8 +441,9 @@ class RolloutDataModule(pl.LightningDataModule):
             import torch.distributed as dist
 
             shares: list = [None] * self._world
-            dist.all_gather_object(shares, {name: row for name, row in results.items()
+            dist.all_gather_object(shares, {name: (row, self.greedy_answers[name]) for name, row in results.items()
                                             if self.placement.rank_in(name) == 0})
-            merged = {name: row for share in shares for name, row in share.items()}
-            results = {name: merged[name] for name in self.names}
+            merged = {name: pair for share in shares for name, pair in share.items()}
+            results = {name: merged[name][0] for name in self.names}
+            self.greedy_answers = {name: merged[name][1] for name in self.names}
         return results

@@ -11,8 +11,10 @@ computed as a stable product in `algorithms/metrics.py`). Two protocols:
 - `custom`: n = `samples` answers everywhere, avg@n plus pass@k for each k in `pass_k`.
 
 One answer per problem is greedy unless a temperature is given; several are sampled at the
-agent's own temperature. Agents come from exported dirs or standalone HF dirs/hub ids, or from a
-training checkpoint (a run dir or a `.ckpt`: the run's config says how to build each agent, the
+agent's own temperature. With several agents, each benchmark also gets the group's figures (`collective.py`:
+union and majority-vote accuracy, their gains over the best single agent, the pairwise complementarity) from
+each agent's first answer to each problem, computed from the answers already scored. Agents come from exported
+dirs or standalone HF dirs/hub ids, or from a training checkpoint (a run dir or a `.ckpt`: the run's config says how to build each agent, the
 checkpoint gives its weights; the results name the checkpoint file and its step, and whether the run was
 still training). An export cut short (its `.partial` name, or a directory without weights or tokenizer
 files) is refused with how to redo it. Deliberately not here: Hydra (`scripts/evaluate.py`), dataset
@@ -33,6 +35,7 @@ import torch
 from hacrl_lightning.agents.agent import AGENT_FILE, PARTIAL_SUFFIX, Agent, AgentLoadError
 from hacrl_lightning.agents.sources import resolve_source
 from hacrl_lightning.algorithms.metrics import avg_at_k, pass_at_k, unbiased_pass_at_k
+from hacrl_lightning.collective import answer_key, collective_figures, markdown_lines
 from hacrl_lightning.config import PROTOCOLS, AgentConfig, TrainConfig
 from hacrl_lightning.data.benchmarks import get_benchmark
 from hacrl_lightning.data.records import Example
@@ -139,7 +142,9 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
     paper's AVG column). `score` is one scorer, or one per benchmark (each benchmark's own reward).
     `checkpoints`: for agents loaded from a training checkpoint, its `file`, `step` and `run` state
     (`load_eval_agents`), kept as the agent's `checkpoint`. `responses`: a list that receives one record per
-    answer (`response_records`: what `evaluate.py save_responses=true` writes).
+    answer (`response_records`: what `evaluate.py save_responses=true` writes). With several agents,
+    `results["collective"][benchmark]` holds the group's figures (`collective.collective_figures`) from each
+    agent's first answer to each problem (its greedy one when it answered once), from the answers already scored.
     """
     results: dict[str, Any] = {
         "protocol": protocol,
@@ -148,6 +153,7 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
                        for p in plans},
         "agents": {},
     }
+    firsts: dict[str, dict[str, tuple[list, list]]] = {p.benchmark: {} for p in plans}  # each agent's first answers
     for j, (name, agent) in enumerate(agents.items()):
         rows: dict[str, Any] = {}
         for b, plan in enumerate(plans):
@@ -161,6 +167,7 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
                 raise RewardFailedEverywhere(f"{name} on {plan.benchmark}: {err}") from None
             if responses is not None:
                 responses += response_records(name, plan.benchmark, agent, examples, answers, rewards)
+            firsts[plan.benchmark][name] = ([answer_key(row[0]) for row in answers], rewards[:, 0].tolist())
             scores = score_correct(rewards, plan.pass_k)
             rows[plan.benchmark] = {
                 **scores, "headline": scores[plan.headline],
@@ -177,6 +184,10 @@ def evaluate_agents(agents: Mapping[str, Agent], benchmarks: Mapping[str, Sequen
         }
         if name in (checkpoints or {}):
             results["agents"][name]["checkpoint"] = dict(checkpoints[name])
+    together = {bench: collective_figures({n: a for n, (a, _) in by.items()}, {n: c for n, (_, c) in by.items()})
+                for bench, by in firsts.items()}
+    if any(together.values()):
+        results["collective"] = {bench: figures for bench, figures in together.items() if figures}
     return results
 
 
@@ -288,7 +299,8 @@ def checkpoint_cell(agent: Mapping[str, Any]) -> str:
 
 
 def write_results(results: Mapping[str, Any], directory: str | os.PathLike) -> tuple[Path, Path]:
-    """`results.json` (everything) and `results.md` (the table and how it was made) in `directory`."""
+    """`results.json` (everything) and `results.md` (the table, how it was made and, with several agents, the
+    agents together: `collective.markdown_lines`) in `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     json_path, md_path = directory / "results.json", directory / "results.md"
@@ -300,7 +312,10 @@ def write_results(results: Mapping[str, Any], directory: str | os.PathLike) -> t
     lines += ["", "Agents:", ""] + [f"- `{name}`: {a['source']}" + (f" ({checkpoint_cell(a)}, {a['checkpoint']['file']})"
                                                                   if "checkpoint" in a else "")
                                     for name, a in results["agents"].items()]
-    md_path.write_text("\n".join(lines) + "\n")
+    together = markdown_lines(results.get("collective", {}),
+                              titles={key: b["title"] for key, b in results["benchmarks"].items()})
+    lines += [""] + together if together else []
+    md_path.write_text("\n".join(lines).rstrip("\n") + "\n")
     return json_path, md_path
 
 

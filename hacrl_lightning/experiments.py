@@ -12,7 +12,8 @@ no more steps than planned (a run continued by hand with `resume=` is `extended`
 plan). An interrupted, failed or killed run is not (`RunSpec.state` says which, for the console and a retry). `result_rows` turns summaries into one row
 per (arm, agent, seed), each saying how many of its arm's planned runs finished; `summarize` gives mean
 and Student-t 95% confidence intervals over seeds, and no mean (nan) for an arm with fewer finished
-runs than planned unless `allow_partial`; `paired_gaps` compares
+runs than planned unless `allow_partial` (`summarize_collective` likewise for the group's figures of each arm:
+union and majority-vote accuracy, their gains, the pairwise complementarity); `paired_gaps` compares
 each arm with a reference arm seed by seed (same seed = same prompt order and initial agents), and
 `equal_rollout_gaps` does so at an equal number of rollouts generated (GSPO×2 halfway against HACPO at the end).
 
@@ -44,14 +45,20 @@ DIAGNOSTIC_COLUMNS = ("cross_nograd_frac_correct", "cross_nograd_frac_wrong", "s
 """The run's diagnostics (summary.json `agents.*.diagnostics`, docs/training.md#diagnostics): means over its
 steps; `omega_first` / `omega_mean` / `omega_last` are the means over partners of each partner's ω at the first
 step, over all steps and at the last step (ω over time). nan where the run has none."""
+COLLECTIVE_COLUMNS = ("initial_union_acc", "final_union_acc", "final_union_gain", "initial_majority_acc",
+                      "final_majority_acc", "final_majority_gain", "final_majority_tied")
+"""The group's held-out figures of the run (summary.json `eval_history[*].collective`, `collective.py`), at its first
+and last evaluation, the same on each of its agents' rows: union and majority-vote accuracy, their gains over the
+best single agent, the share of problems with tied votes. nan for a run of one agent (or one made before them)."""
 RESULT_COLUMNS = ("method", "agent", "seed", "initial_acc", "final_acc", "initial_reward", "final_reward",
                   "rollouts_generated", "responses_trained",
-                  "optimizer_updates", "wall_s", "n_agents", "steps", "step_s", *DIAGNOSTIC_COLUMNS, "arm_runs",
-                  "arm_runs_planned")
+                  "optimizer_updates", "wall_s", "n_agents", "steps", "step_s", *DIAGNOSTIC_COLUMNS,
+                  *COLLECTIVE_COLUMNS, "final_right_partner_wrong", "arm_runs", "arm_runs_planned")
 """Columns of `results.csv`, one row per method (arm) x agent x seed of a finished run; `arm_runs` of the
 arm's `arm_runs_planned` runs (seeds) have finished, what a mean over the arm rests on. `*_acc`: the held-out
 accuracy of the verifier (the reward's first term); `*_reward`: the held-out mean of the weighted `data.rewards`
-sum (equal to the accuracy for a single unweighted reward)."""
+sum (equal to the accuracy for a single unweighted reward); `final_right_partner_wrong`: JSON, partner -> the share of
+held-out problems this agent gets right and that partner wrong at the last evaluation ({} for one agent)."""
 STATES = ("finished", "interrupted", "failed", "stale", "extended", "unfinished")
 """`RunSpec.state`: finished (a result); interrupted (resumable); failed; stale (ran under another config, or
 read files whose contents have changed since); extended (continued by hand past the planned steps: no result,
@@ -381,6 +388,7 @@ def plan_runs(arms: Sequence[Arm], seeds: Sequence[int], out: Path) -> list[RunS
 
 def result_rows(spec: RunSpec, summary: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per agent of a finished run (columns `RESULT_COLUMNS`)."""
+    together, final = collective_values(summary)
     rows = []
     for agent, row in summary["agents"].items():
         rows.append({
@@ -391,9 +399,21 @@ def result_rows(spec: RunSpec, summary: dict[str, Any]) -> list[dict[str, Any]]:
             "rollouts_generated": row["rollouts_generated"], "responses_trained": row["responses_trained"],
             "optimizer_updates": row["optimizer_updates"], "wall_s": summary["wall_s"],
             "n_agents": len(summary["agents"]), "steps": summary["steps"], "step_s": summary.get("step_s", math.nan),
-            **diagnostic_values(row.get("diagnostics", {})),
+            **diagnostic_values(row.get("diagnostics", {})), **together,
+            "final_right_partner_wrong": json.dumps(final.get("right_wrong", {}).get(agent, {})),
         })
     return rows
+
+
+def collective_values(summary: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
+    """(`COLLECTIVE_COLUMNS` of a run's summary, its last evaluation's group figures); nan and {} where it has none."""
+    history = summary.get("eval_history") or [{}]
+    first, last = (history[0].get("collective") or {}), (history[-1].get("collective") or {})
+    values = {}
+    for column in COLLECTIVE_COLUMNS:
+        when, key = column.split("_", 1)
+        values[column] = float((first if when == "initial" else last).get(key, math.nan))
+    return values, last
 
 
 def diagnostic_values(diagnostics: dict[str, Any]) -> dict[str, float]:
@@ -491,6 +511,41 @@ def summarize(rows: Sequence[dict[str, Any]], *, allow_partial: bool = False) ->
 _COST_KEYS = ("rollouts_generated", "responses_trained", "optimizer_updates", "step_s", "wall_s", "n_agents")
 
 
+def summarize_collective(rows: Sequence[dict[str, Any]], *, allow_partial: bool = False) -> list[dict[str, Any]]:
+    """Per method (arm) with group figures, in first-seen order: each `COLLECTIVE_COLUMNS` figure and the best
+    single agent's final accuracy (union - union gain) as (mean, CI) over its runs (seeds), `<figure>` and
+    `<figure>_ci`, and `right_wrong`: per (agent, partner) the share of problems the agent gets right and the partner
+    wrong at the last evaluation (mean, CI). nan where the arm has fewer runs than planned, unless `allow_partial`."""
+    runs: dict[str, dict[Any, list[dict[str, Any]]]] = defaultdict(dict)
+    for row in rows:
+        runs[row["method"]].setdefault(row["seed"], []).append(row)
+    number = lambda row, key: float(row.get(key, math.nan))  # noqa: E731  (rows read back from csv hold strings)
+    table = []
+    for method, by_seed in runs.items():
+        firsts = [run[0] for run in by_seed.values()]  # a run's group figures are on each of its rows
+        if all(math.isnan(number(r, "final_union_acc")) for r in firsts):
+            continue
+        planned = max(int(r.get("arm_runs_planned", len(firsts))) for r in firsts)
+        hidden = len(firsts) < planned and not allow_partial
+        entry: dict[str, Any] = {"method": method, "runs": len(firsts), "planned": planned,
+                                 "partial": len(firsts) < planned}
+        per_run = {key: [number(r, key) for r in firsts] for key in COLLECTIVE_COLUMNS}
+        per_run["final_best_acc"] = [u - g for u, g in zip(per_run["final_union_acc"], per_run["final_union_gain"])]
+        for key, values in per_run.items():
+            kept = [v for v in values if not math.isnan(v)]
+            entry[key], entry[f"{key}_ci"] = (math.nan, math.nan) if hidden else mean_ci(kept)
+        pairs: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for run in by_seed.values():
+            for row in run:
+                for partner, share in json.loads(row.get("final_right_partner_wrong") or "{}").items():
+                    pairs[(row["agent"], partner)].append(float(share))
+        entry["right_wrong"] = [{"agent": agent, "partner": partner,
+                                 **dict(zip(("mean", "ci"), (math.nan, math.nan) if hidden else mean_ci(values)))}
+                                for (agent, partner), values in pairs.items()]
+        table.append(entry)
+    return table
+
+
 def _nan_mean(values: Sequence[float]) -> float:
     """The mean of the values that are not nan (nan when none is)."""
     kept = [v for v in values if not math.isnan(v)]
@@ -572,9 +627,10 @@ def _gap_table(gaps: Sequence[dict[str, Any]], heading: str, explanation: str) -
 
 
 def markdown_report(table: Sequence[dict[str, Any]], gaps: Sequence[dict[str, Any]], *, title: str,
-                    notes: Sequence[str] = (), equal_rollout: Sequence[dict[str, Any]] = ()) -> str:
+                    notes: Sequence[str] = (), equal_rollout: Sequence[dict[str, Any]] = (),
+                    collective: Sequence[dict[str, Any]] = ()) -> str:
     """`results.md`: the per-method table, the paired gaps to the reference (at the end of the runs, and at an
-    equal number of rollouts generated), and the diagnostics."""
+    equal number of rollouts generated), the agents together (`summarize_collective`), and the diagnostics."""
     weighted = any(not math.isnan(r.get("final_reward", math.nan)) and r.get("final_reward") != r["final_acc"]
                    for r in table)
     reward_head, reward_rule = (" final reward |", "---:|") if weighted else ("", "")
@@ -605,7 +661,31 @@ def markdown_report(table: Sequence[dict[str, Any]], gaps: Sequence[dict[str, An
     lines += _gap_table(equal_rollout, "minus each method at an equal number of rollouts generated",
                         "The reference's final accuracy minus the method's accuracy at the evaluation where it had "
                         "generated as many rollouts as the reference's whole run (e.g. GSPO×2 after half its steps).")
-    return "\n".join(lines + _diagnostics_table(table)) + "\n"
+    return "\n".join(lines + _collective_table(collective) + _diagnostics_table(table)) + "\n"
+
+
+def _collective_table(collective: Sequence[dict[str, Any]]) -> list[str]:
+    """results.md's section on the agents together (`summarize_collective`; none without group figures)."""
+    if not collective:
+        return []
+    lines = ["", "## The agents together (held-out, last evaluation)", "",
+             "From each agent's greedy answer to each held-out problem, compared by boxed answer (collective.py), "
+             "mean over seeds ± half-width of the 95% Student-t interval. Union: some agent is right; majority: the "
+             "most-given answer is right (a tie for the most votes is no majority and counts as wrong; tied: the "
+             "share of such problems); gains are over the best single agent of the same run.", "",
+             "| method | runs | best single | union | union gain | majority | majority gain | tied |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    keys = ("final_best_acc", "final_union_acc", "final_union_gain", "final_majority_acc", "final_majority_gain",
+            "final_majority_tied")
+    for r in collective:
+        runs = f"{r['runs']} of {r['planned']}" + (" (partial)" if r["partial"] else "")
+        cells = " | ".join("–" if math.isnan(r[key]) else _pm(r[key], r[f"{key}_ci"]) for key in keys)
+        lines.append(f"| {r['method']} | {runs} | {cells} |")
+    lines += ["", "Complementarity: the share of held-out problems the agent gets right and the partner wrong.", "",
+              "| method | agent | partner | right, partner wrong |", "|---|---|---|---:|"]
+    lines += [f"| {r['method']} | {p['agent']} | {p['partner']} | "
+              f"{'–' if math.isnan(p['mean']) else _pm(p['mean'], p['ci'])} |" for r in collective for p in r["right_wrong"]]
+    return lines
 
 
 def _diagnostics_table(table: Sequence[dict[str, Any]]) -> list[str]:

@@ -23,7 +23,8 @@ start (exit 2), naming the run and its steps. Ctrl-C (SIGINT), SIGTERM or SIGHUP
 it: each running run checkpoints and ends as interrupted, no new one starts, exit 128 + the signal.
 One compare.py at a time per output directory (a lock, `<out>/.lock`: a second is refused, exit 2).
 The outputs are rewritten from all finished runs after each run: `results.csv`, `results.md` (with
-each method and agent's diagnostics, docs/training.md#diagnostics), `accuracy_vs_rollouts.png`,
+each method and agent's diagnostics, docs/training.md#diagnostics, and what the agents know together: union and
+majority-vote accuracy, their gains over the best single agent, the pairwise complementarity), `accuracy_vs_rollouts.png`,
 `final_accuracy.png` (and `step_time.png` for the scaling study, `gap_vs_capability.png` for the
 capability study). Each mean says how many of its planned runs it rests on; an arm with fewer finished
 runs than planned gets no mean (`allow_partial=true`: a mean over the finished ones, marked partial),
@@ -264,8 +265,9 @@ def write_outputs(cfg: CompareConfig, specs: list[ex.RunSpec], out: Path, traini
     if unfinished:
         notes.append(f"Not finished (no result; the same command resumes or re-runs them): {', '.join(unfinished)}")
     paths = {"csv": ex.write_csv(rows, out / "results.csv"), "md": out / "results.md"}
+    collective = ex.summarize_collective(rows, allow_partial=cfg.allow_partial)  # what the agents know together
     paths["md"].write_text(ex.markdown_report(table, gaps, title=f"Comparison ({cfg.study})", notes=notes,
-                                              equal_rollout=equal))
+                                              equal_rollout=equal, collective=collective))
     for name in PLOTS:  # a plot of an earlier call that this one does not draw is not left to mislead
         (out / name).unlink(missing_ok=True)
     if not shown_table:

@@ -12,7 +12,8 @@ Composes `configs/evaluate/evaluate.yaml` with `EvaluateConfig` as the schema
 vLLM and hub models and benchmarks that are neither cached nor reachable included), loads the
 agents and benchmarks, generates with the rollout engine, scores each benchmark with its own reward
 (its training task's: `synthetic` with exact_match, as the training's held-out evaluation; or
-`reward=<name>` for all), prints the table and writes results.json and results.md in `output_dir`,
+`reward=<name>` for all), prints the table (and, with several agents, what they know together: union and
+majority-vote accuracy, from the answers already scored) and writes results.json and results.md in `output_dir`,
 made once everything has loaded, with the resolved config as evaluate.yaml. Agents from a run's
 checkpoint are scored at its newest checkpoint, named (file, step) in the table and results.json, with
 a note when the run is still training; an export cut short is refused with how to redo it.
@@ -127,6 +128,7 @@ def main(argv: list[str]) -> int:
 
 
 def _evaluate(cfg, dcfg, out: Path, agents, sources, checkpoints, benchmarks, plans, rewards, device) -> int:
+    from hacrl_lightning.collective import figures_line
     from hacrl_lightning.evaluation import (build_engines, clear_earlier_evaluation, evaluate_agents, format_table,
                                             strict_scorer, write_responses, write_results)
     from hacrl_lightning.rewards import Reward, RewardPool
@@ -163,6 +165,8 @@ def _evaluate(cfg, dcfg, out: Path, agents, sources, checkpoints, benchmarks, pl
     json_path, md_path = write_results(results, out)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # "no results were written" no longer holds
     print(format_table(results))
+    for key, figures in results.get("collective", {}).items():  # the agents together (results.md has the tables)
+        print(f"{results['benchmarks'][key]['title']} {figures_line(figures)}")
     print(f"results: {json_path} and {md_path}")
     return 0
 

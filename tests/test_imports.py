@@ -212,7 +212,7 @@ LAYERS = [
     {"config", "files", "hub", "console", "safe_load", "run_dir", "failures"},
     {"presets", "resume", "experiments", "algorithms", "rewards", "agents", "placement", "offload"},
     {"data", "plan", "loss_stats", "architecture", "strategies", "rollout"},
-    {"exchange", "zoo", "scoring", "memory"},
+    {"exchange", "zoo", "scoring", "memory", "collective"},
     {"step", "update"},
     {"step_metrics", "grad_share", "callbacks", "reference"},
     {"preflight", "module"},

@@ -7,8 +7,10 @@ etc. (through the module's `report`). The accuracy is the verifier's: the first 
 weight other than 1) adds `reward` (the weighted sum's mean) and `reward/<term>` (each term's mean) beside it
 (`held_out_figures`), so `acc` stays in [0, 1] and means "answered right" whatever the terms add. at the number of steps done (0 before training; the k-th step's
 training scalars are at k too) and kept as a history of (step, rollouts generated so far, scores) that resumes with the run
-and feeds `summary.json` and the comparison plots. The generation itself is the evaluator's it is
-given (the DataModule's).
+and feeds `summary.json` and the comparison plots. With several agents, the group's figures from the same greedy
+answers (no answer is generated for them; `collective.py`: union and majority-vote accuracy, their gains over the
+best single agent, who is right where whom is wrong) join the line, TensorBoard (`collective/eval/*`) and the
+history entry (`collective`). The generation itself is the evaluator's it is given (the DataModule's).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any, Optional, Protocol, Sequence
 
 import torch
 from lightning.pytorch import Callback
+
+from hacrl_lightning.collective import collective_figures, collective_scalars, figures_line
 
 
 def held_out_figures(totals: torch.Tensor, parts: Sequence[Optional[Sequence[float]]],
@@ -37,7 +41,8 @@ def held_out_figures(totals: torch.Tensor, parts: Sequence[Optional[Sequence[flo
 
 
 class Evaluator(Protocol):
-    """What generates and scores the held-out answers (`datamodule.RolloutDataModule.evaluate`)."""
+    """What generates and scores the held-out answers (`datamodule.RolloutDataModule.evaluate`); an evaluator
+    with `greedy_answers` (agent -> `answers`, `correct`, per problem) also gets the group's figures."""
 
     def evaluate(self, *, samples: int = 1, limit: int | None = None, step: int = 0) -> dict[str, dict[str, float]]: ...
 
@@ -58,16 +63,21 @@ class HeldOutEvalCallback(Callback):
             return
         with trainer.precision_plugin.forward_context():  # the training's compute dtype (bf16-mixed: bf16)
             scores = self.evaluator.evaluate(samples=self.samples, step=step)
+        greedy = getattr(self.evaluator, "greedy_answers", None) or {}
+        together = collective_figures({name: g["answers"] for name, g in greedy.items()},
+                                      {name: g["correct"] for name, g in greedy.items()})
         self.history.append({
             "step": step,
             "rollouts_generated": {name: c["rollouts_generated"] for name, c in pl_module.counters.items()},
             "scores": scores,
+            **({"collective": together} if together else {}),
         })
         if trainer.is_global_zero:
             print(f"eval step {step}: " + " | ".join(
-                f"{name} " + " ".join(f"{key} {value:.3f}" for key, value in row.items()) for name, row in scores.items()))
-        pl_module.report({f"{name}/eval/{key}": value for name, row in scores.items() for key, value in row.items()},
-                         step=step)
+                [f"{name} " + " ".join(f"{key} {value:.3f}" for key, value in row.items()) for name, row in scores.items()]
+                + [figures_line(together)] * bool(together)))
+        pl_module.report({**{f"{name}/eval/{key}": value for name, row in scores.items() for key, value in row.items()},
+                          **collective_scalars(together)}, step=step)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._evaluate(trainer, pl_module)
