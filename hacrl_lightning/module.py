@@ -38,7 +38,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from hacrl_lightning.agents.agent import Agent, first_target_column
+from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.exchange import AgentView
 from hacrl_lightning.agents.lora import adapter_disabled, is_lora, trainable_parameters
 from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, step_accuracy
@@ -52,7 +52,8 @@ from hacrl_lightning.placement import Placement
 from hacrl_lightning.plan import MicroBatch, StepPlan, learner_order
 from hacrl_lightning.step import StepBatch, step_seed
 from hacrl_lightning.step_metrics import clip_metrics, mismatch_metrics, rollout_metrics, view_metrics
-from hacrl_lightning.update import LearnerTables, loss_inputs, score_own_rows, source_span, total_grad_norm
+from hacrl_lightning.update import (LearnerTables, adamw, host_values, loss_inputs, score_own_rows, source_span,
+                                   to_device, total_grad_norm)
 
 
 class NonFiniteError(RunFailed):
@@ -229,8 +230,7 @@ class HACRLModule(pl.LightningModule):
         optimizers, schedulers = [], []
         for name in self.local:
             agent = self.agents[name]
-            opt = torch.optim.AdamW(trainable_parameters(agent), lr=agent.cfg.lr, betas=tuple(agent.cfg.betas),
-                                    weight_decay=agent.cfg.weight_decay)
+            opt = adamw(trainable_parameters(agent), agent.cfg)  # fused on CUDA
             warmup = agent.cfg.lr_warmup_steps
             schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda u, w=warmup: min(1.0, (u + 1) / w) if w else 1.0)
             optimizers.append(opt)
@@ -507,16 +507,18 @@ class HACRLModule(pl.LightningModule):
         updated = False  # no update of this learner yet: its own rows' ratio is exactly 1
         for m in range(len(plan)):
             opt.zero_grad(set_to_none=True)
-            finite_loss = torch.ones((), dtype=torch.bool, device=self.device)
-            for micro_batch in plan.passes(m, self.settings.micro_batch_size):
+            finite_loss, stats = torch.ones((), dtype=torch.bool, device=self.device), []
+            for micro_batch in plan.passes(m, self.settings.micro_batch_size):  # no pass reads a value to the host
                 loss, metrics, micro = self._backward(agent, view, plan, tables, lowers, m, micro_batch,
                                                       own_old_is_new=not updated)
                 finite_loss &= torch.isfinite(loss.detach())
                 if micro_batch.counts:
-                    own_tokens = (micro.loss_mask & micro.is_own[:, None]).sum() if token_level else None
-                    self.loss_stats.update(name, metrics, own_weight=own_tokens)
+                    stats.append((metrics, (micro.loss_mask & micro.is_own[:, None]).sum() if token_level else None))
             grad_norm = total_grad_norm(agent.parameters(), agent.cfg.grad_clip)
-            if not self._finite_on_every_rank(finite_loss & torch.isfinite(grad_norm), name):  # one sync per mini-batch
+            finite, stats = host_values(self._finite_on_every_rank(finite_loss & torch.isfinite(grad_norm), name), stats)
+            for metrics, own_tokens in stats:  # one copy to the host per mini-batch
+                self.loss_stats.update(name, metrics, own_weight=own_tokens)
+            if not finite:
                 opt.zero_grad(set_to_none=True)  # skip: weights, optimizer state and LR schedule stay as they were
                 skipped.append(m)
                 continue
@@ -539,9 +541,9 @@ class HACRLModule(pl.LightningModule):
         """One pass of the update (or of `part` of it, "self" or "cross"): the forward of `micro_batch`'s rows
         of mini-batch m, `hacpo_loss` normalised over the global mini-batch, and the backward of the loss
         scaled by the world size times the pass's weight. Returns the loss, its metrics and the micro view."""
-        micro = view.select(micro_batch.rows).to(self.device)
+        micro, first = to_device(view, micro_batch.rows, self.device)
         logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, temperature=agent.cfg.temperature,
-                                    first_target=first_target_column(micro.loss_mask))                        # [b, T]
+                                    first_target=first)                                                         # [b, T]
         inputs = loss_inputs(view, micro, micro_batch.rows, plan.mini_batches[m], logp, tables, cross_lower=lowers[m],
                              loss_scale_factor=float(agent.cfg.max_response_len),
                              engine_logp=self.alg.rollout_is_cap > 0, part=part, micro_batches=micro_batch.passes,
@@ -550,15 +552,15 @@ class HACRLModule(pl.LightningModule):
         self.manual_backward(loss * (micro_batch.weight * float(plan.world)))  # FSDP averages over the plan's ranks
         return loss, metrics, micro
 
-    def _finite_on_every_rank(self, finite: torch.Tensor, name: str) -> bool:
-        """True when no rank of `name`'s group saw a non-finite loss or gradient (its ranks then skip or step
-        together)."""
+    def _finite_on_every_rank(self, finite: torch.Tensor, name: str) -> torch.Tensor:
+        """1 (on the device) when no rank of `name`'s group saw a non-finite loss or gradient (its ranks then skip or
+        step together)."""
+        finite = finite.float()
         if self._group(name)[1] > 1:
             import torch.distributed as dist
 
-            finite = finite.float()
             dist.all_reduce(finite, op=dist.ReduceOp.MIN, group=self.placement.process_group(name))
-        return bool(finite > 0)
+        return finite
 
     def _sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """The elementwise sum of `values` over data-parallel ranks (a copy on this rank's device and back)."""

@@ -5,8 +5,8 @@ The passes a rank runs (rows, weight, pass count) are the plan's (`plan.StepPlan
 `score_own_rows` is the old log-probs' pass over one source's own rows (and its KL reference's, and how far the
 engine's log-probs were from the trainer's). `LearnerTables` holds a learner's per-row inputs of one step (advantages, old and reference
 log-probs, omega, rewards), `loss_inputs` turns a micro-batch of them into `hacpo_loss`'s keyword
-arguments (besides the algorithm's `loss_settings()`), and `total_grad_norm` is the clip's utility,
-global over ranks under FSDP.
+arguments (besides the algorithm's `loss_settings()`), `total_grad_norm` is the clip's utility,
+global over ranks under FSDP, and `adamw` builds an agent's optimizer (fused on CUDA, `adamw_options`).
 Deliberately not here: forward passes, backward passes and optimizer steps (the module), the loss
 itself (`algorithms/`) and the plan of mini-batches and passes (`plan.py`).
 """
@@ -24,7 +24,8 @@ from hacrl_lightning.algorithms import sequence_mean_logp
 from hacrl_lightning.exchange import AgentView
 from hacrl_lightning.plan import MicroBatch
 
-__all__ = ["LearnerTables", "OwnScores", "loss_inputs", "score_own_rows", "total_grad_norm"]
+__all__ = ["LearnerTables", "OwnScores", "adamw", "adamw_options", "host_values", "loss_inputs", "score_own_rows",
+           "to_device", "total_grad_norm"]
 
 
 @dataclass(frozen=True)
@@ -44,31 +45,53 @@ def score_own_rows(agent: Agent, view: AgentView, passes: Sequence[MicroBatch], 
     """One forward pass of `agent` (and of `reference`, `token_logprobs`' signature) per pass of its own rows
     (`StepPlan.passes_where`); a zero-weight pass runs its forward all the same (FSDP's collectives) and keeps
     nothing. Where the engine reported log-probs of the sampled tokens (`view.engine_logp` finite), their distance
-    from the trainer's."""
-    tokens = torch.zeros(view.input_ids.shape)                                             # [B, T]
-    ref_tokens = torch.zeros(view.input_ids.shape) if reference is not None else None
-    mean, scored = torch.zeros(len(view.input_ids)), torch.zeros(len(view.input_ids), dtype=torch.bool)
-    diff_stats = torch.zeros(3, dtype=torch.float64)                                       # sum, count, max
+    from the trainer's. The scores stay on the device until the last pass and reach the host in one copy each:
+    no pass waits for the one before it (`to_device`)."""
+    shape, wide = view.input_ids.shape, torch.float64
+    tokens = torch.zeros(shape, device=device)                                             # [B, T]
+    ref_tokens = torch.zeros(shape, device=device) if reference is not None else None
+    mean, scored = torch.zeros(shape[0], device=device), torch.zeros(shape[0], dtype=torch.bool)
+    diff_sum, diff_count, diff_max = (torch.zeros((), dtype=wide, device=device) for _ in range(3))
     for micro_batch in passes:
-        rows = micro_batch.rows
-        micro = view.select(rows).to(device)
-        scoring = dict(temperature=agent.cfg.temperature, first_target=first_target_column(micro.loss_mask))
+        micro, first = to_device(view, micro_batch.rows, device)
+        scoring = dict(temperature=agent.cfg.temperature, first_target=first)
         logp = agent.token_logprobs(micro.input_ids, micro.attention_mask, **scoring)     # [b, T], 0 before responses
         ref = reference(micro.input_ids, micro.attention_mask, **scoring) if reference is not None else None
         if not micro_batch.counts:
             continue
-        tokens[rows, : logp.shape[1]] = logp.float().cpu()
+        rows, width = micro_batch.rows.to(device, non_blocking=True), logp.shape[1]
+        tokens[rows, :width] = logp.float()
+        # |engine - trainer| per token where the engine reported its log-probs (vLLM); 0 elsewhere
         known = micro.loss_mask & torch.isfinite(micro.engine_logp)                       # [b, T]
-        if bool(known.any()):  # the engine reported its log-probs (vLLM): |engine - trainer| per token
-            diff = (logp.float() - micro.engine_logp.float())[known].abs().double().cpu()
-            diff_stats[0] += diff.sum()
-            diff_stats[1] += diff.numel()
-            diff_stats[2] = max(diff_stats[2], diff.max())
-        mean[rows] = sequence_mean_logp(logp, micro.loss_mask).float().cpu()
-        scored[rows] = True
+        diff = torch.where(known, (logp.float() - micro.engine_logp.float()).abs().to(wide), 0.0)
+        diff_sum, diff_count = diff_sum + diff.sum(), diff_count + known.sum()
+        diff_max = torch.maximum(diff_max, diff.max())
+        mean[rows] = sequence_mean_logp(logp, micro.loss_mask).float()
+        scored[micro_batch.rows] = True
         if ref is not None:
-            ref_tokens[rows, : ref.shape[1]] = ref.float().cpu()
-    return OwnScores(tokens=tokens, reference=ref_tokens, mean=mean, scored=scored, engine_diff=diff_stats)
+            ref_tokens[rows, : ref.shape[1]] = ref.float()
+    return OwnScores(tokens=tokens.cpu(), reference=None if ref_tokens is None else ref_tokens.cpu(), mean=mean.cpu(),
+                     scored=scored, engine_diff=torch.stack([diff_sum, diff_count.to(wide), diff_max]).cpu())
+
+
+def to_device(view: AgentView, rows: Tensor, device: Any) -> tuple[AgentView, int]:
+    """The view of `rows` (trimmed to their longest row) on `device`, and its first response column
+    (`first_target_column`), both taken on the host; the copy does not wait for the device (a host-to-device copy
+    returns once the driver holds the data), so the next pass is queued while the last one runs."""
+    micro = view.select(rows)
+    first = first_target_column(micro.loss_mask)
+    return micro._map(lambda t: t.to(device, non_blocking=True)), first
+
+
+def host_values(flag: Tensor, stats: Sequence[tuple[dict[str, Tensor], Optional[Tensor]]]
+                ) -> tuple[bool, list[tuple[dict[str, float], Optional[float]]]]:
+    """`flag` (one mini-batch's every-rank finite check) and its passes' loss metrics and own-token counts
+    (`stats`: one (metrics, count or None) per pass that counts) on the host in one copy: one synchronisation with
+    the device per mini-batch, where reading them one value at a time cost one each."""
+    values = [flag] + [v for metrics, own in stats for v in (*metrics.values(), *(() if own is None else (own,)))]
+    host = iter(torch.stack([v.detach().to(flag.device, torch.float64) for v in values]).cpu().tolist())
+    ok = next(host) > 0
+    return ok, [({key: next(host) for key in metrics}, None if own is None else next(host)) for metrics, own in stats]
 
 
 @dataclass(frozen=True)
@@ -104,27 +127,31 @@ def loss_inputs(view: AgentView, micro: AgentView, rows: Tensor, mini: Tensor, l
     old log-probs' pass batches rows otherwise than the update's passes, and in bf16 that alone moved a sequence
     ratio by up to 8.2e-4 (Qwen3-1.7B, the GPU check of 2026-11-28), past the own-row clip."""
     device, width = logp.device, logp.shape[1]
+
+    def put(t: Tensor) -> Tensor:  # a host-to-device copy that does not wait for the device (`to_device`)
+        return t.to(device, non_blocking=True)
+
     loss_mask = micro.loss_mask                                                             # [b, T]
     if part is not None:
         loss_mask = loss_mask & (micro.is_own if part == "self" else ~micro.is_own)[:, None]
-    old_logp = tables.old_logp[rows, :width].to(device)                                    # [b, T]
-    old_logp_mean = tables.old_logp_mean[rows].to(device)                                  # [b]
+    old_logp = put(tables.old_logp[rows, :width])                                          # [b, T]
+    old_logp_mean = put(tables.old_logp_mean[rows])                                        # [b]
     if own_old_is_new:
-        own, new = micro.is_own.to(device), logp.detach()
+        own, new = put(micro.is_own), logp.detach()
         old_logp = torch.where(own[:, None], new.to(old_logp.dtype), old_logp)
         old_logp_mean = torch.where(own, sequence_mean_logp(new, loss_mask).to(old_logp_mean.dtype), old_logp_mean)
     return dict(
         logp_new=logp, loss_mask=loss_mask, is_own=micro.is_own, cross_lower=cross_lower,
-        advantages=tables.advantages[rows].to(device),
+        advantages=put(tables.advantages[rows]),
         old_logp_mean=old_logp_mean,
         old_logp=old_logp,
-        omega_factor=tables.omega_factor[rows].to(device),
-        ref_logp=None if tables.ref_logp is None else tables.ref_logp[rows, :width].to(device),
-        total_tokens=view.loss_mask[mini].sum().clamp(min=1).to(device),                    # global mini-batch
-        total_seqs=torch.tensor(float(len(mini))).to(device),
+        omega_factor=put(tables.omega_factor[rows]),
+        ref_logp=None if tables.ref_logp is None else put(tables.ref_logp[rows, :width]),
+        total_tokens=put(view.loss_mask[mini].sum().clamp(min=1)),                         # global mini-batch
+        total_seqs=put(torch.tensor(float(len(mini)))),
         loss_scale_factor=loss_scale_factor, kl_micro_batches=float(micro_batches),
-        engine_logp=micro.engine_logp.to(device) if engine_logp else None,
-        rewards=None if part is not None else tables.rewards[rows].to(device),
+        engine_logp=put(micro.engine_logp) if engine_logp else None,
+        rewards=None if part is not None else put(tables.rewards[rows]),
     )
 
 
@@ -144,3 +171,17 @@ def total_grad_norm(params: Iterable[Tensor], max_norm: float = float("inf")) ->
     `max_norm` (0 or inf: no clipping)."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+def adamw_options(device_types: Iterable[str]) -> dict[str, bool]:
+    """`torch.optim.AdamW`'s implementation keyword for parameters on these device types: `fused=True` where every
+    one is on CUDA (one kernel per step for all of them, DTensor shards included), else nothing: torch's default
+    (the per-parameter loop on the CPU, foreach on other accelerators), so a CPU run's update is unchanged."""
+    return {"fused": True} if set(device_types) == {"cuda"} else {}
+
+
+def adamw(params: list[Tensor], cfg: Any) -> torch.optim.AdamW:
+    """An agent's AdamW over `params` with its `lr`, `betas` and `weight_decay` (`cfg`: its `AgentConfig`), in the
+    implementation `adamw_options` picks for the parameters' device."""
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+                             **adamw_options(p.device.type for p in params))
