@@ -43,6 +43,7 @@ from hacrl_lightning.exchange import AgentView
 from hacrl_lightning.agents.lora import adapter_disabled, is_lora, trainable_parameters
 from hacrl_lightning.algorithms import compute_advantages, hacpo_loss, step_accuracy
 from hacrl_lightning.config import AlgorithmConfig, parse_cross_samples
+from hacrl_lightning.cross_ratios import CrossRatioLog
 from hacrl_lightning.errors import RunFailed
 from hacrl_lightning.failures import checkpoints_note, is_out_of_memory
 from hacrl_lightning.grad_share import measure_grad_share
@@ -172,6 +173,7 @@ class HACRLModule(pl.LightningModule):
         self.advantage_settings = algorithm.advantage_settings()
         self.cross_cap = parse_cross_samples(self.alg.cross_samples_per_prompt)
         self.loss_stats = LossStats(self.names)
+        self.cross_ratios = CrossRatioLog(self.names, every=update.diagnostics_every if algorithm.share_rollouts else 0)
         self.steps_done = 0
         self.counters = {name: {"rollouts_generated": 0, "responses_trained": 0, "optimizer_updates": 0,
                                 "skipped_updates": 0} for name in self.names}
@@ -309,6 +311,7 @@ class HACRLModule(pl.LightningModule):
         metrics.update(rollout_metrics(self.names, data, step_accuracy(data.rewards), omega,
                                        share_rollouts=self.alg.share_rollouts))
         metrics.update(clip_metrics(lowers, mini_batches))
+        metrics.update(self.cross_ratios.end_step(self, step))  # diagnostics steps: partners' ratios, histograms
         metrics.update(mismatch)
         metrics.update({"time/rollout": data.timings["rollout"], "time/reward": data.timings["reward"],
                         "time/exchange": data.timings["exchange"], "time/old_logprobs": old_s,
@@ -393,7 +396,6 @@ class HACRLModule(pl.LightningModule):
         if not self.placement.is_split:
             return metrics
         import torch.distributed as dist
-
         first = [name for name in self.local if self.placement.rank_in(name) == 0]
         mine = {"metrics": {key: value for key, value in metrics.items()
                             if any(key.startswith(f"{name}/") or key == f"time/diagnostics/{name}" for name in first)},
@@ -472,7 +474,6 @@ class HACRLModule(pl.LightningModule):
         diffs = self._sum_over_ranks(diffs)
         if self._rank_world[1] > 1:
             import torch.distributed as dist
-
             maxima = maxima.to(self.device)
             dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
             maxima = maxima.cpu()
@@ -549,6 +550,7 @@ class HACRLModule(pl.LightningModule):
                              engine_logp=self.alg.rollout_is_cap > 0, part=part, micro_batches=micro_batch.passes,
                              own_old_is_new=own_old_is_new)
         loss, metrics = hacpo_loss(**self.loss_settings, **inputs)
+        self.cross_ratios.add(agent.name, self.steps_done, micro_batch, view, inputs, part)  # diagnostics steps only
         self.manual_backward(loss * (micro_batch.weight * float(plan.world)))  # FSDP averages over the plan's ranks
         return loss, metrics, micro
 
@@ -567,7 +569,6 @@ class HACRLModule(pl.LightningModule):
         if self._rank_world[1] == 1:
             return values
         import torch.distributed as dist
-
         total = values.to(self.device)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total.to(values.device)

@@ -155,6 +155,40 @@ def test_grad_share_leaves_the_update_unchanged_and_lies_in_0_1(tmp_path, zoo_ca
             omega = [v for _, v in measured.diagnostics[f"{name}/omega/{partner}"]]
             assert diag["omega"][partner] == pytest.approx(
                 {"first": omega[0], "last": omega[-1], "mean": sum(omega) / len(omega)})
+        assert_cross_ratios(tmp_path / "on" / "run", name, partners, summary, measured)
+    assert not any("/cross_ratio/" in key for key in plain.diagnostics)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert not EventAccumulator(str(tmp_path / "off" / "run" / "tensorboard")).Reload().Tags()["histograms"]
+
+
+def assert_cross_ratios(run_dir, name, partners, summary, module) -> None:
+    """The partners' cross ratios of a run measured at every step (`cross_ratios.py`): histograms of log s and of
+    the bounds per partner at both steps, the shares in the summary (means over the 2 steps), and the last step's
+    records are the ratios the clamp read: its correct (wrong) rows outside their bounds are the step's
+    `diag/cross_nograd_frac_correct` (`_wrong`)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hacrl_lightning.cross_ratios import positions
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"histograms": 0}).Reload()
+    records = module.cross_ratios.last[name]
+    for j, partner in enumerate(module.names):
+        if partner == name:
+            assert not bool((records.source == j).any())
+            continue
+        tag = f"ratios/{name}/from_{partner}"
+        assert [h.step for h in events.Histograms(tag)] == [1, 2]
+        assert [h.step for h in events.Histograms(f"{tag}/log_lower")] == [1, 2]
+        assert events.Histograms(tag)[-1].histogram_value.num == int((records.source == j).sum()) == 4 * 2  # P·G
+        diag = summary["agents"][name]["diagnostics"]
+        shares = [diag[f"cross_ratio/{partner}/{position}"] for position in ("below", "inside", "above")]
+        assert sum(shares) == pytest.approx(1.0) and diag["steps_measured"][f"cross_ratio/{partner}/inside"] == 2
+    outside = positions(records.log_ratio, records.lower) != 1
+    for answer, rows in (("correct", records.correct), ("wrong", ~records.correct)):
+        last = dict(module.diagnostics.get(f"{name}/diag/cross_nograd_frac_{answer}", [])).get(1)
+        if bool(rows.any()):
+            assert float(outside[rows].float().mean()) == pytest.approx(last, abs=1e-6), answer
 
 
 def test_grad_share_is_not_measured_without_partners_responses(tmp_path, zoo_cache):
@@ -167,4 +201,5 @@ def test_grad_share_is_not_measured_without_partners_responses(tmp_path, zoo_cac
         assert not any("/diag/grad" in key or "cross_grad_share" in key for key in module.diagnostics)
         diag = summary["agents"][name]["diagnostics"]
         assert diag["cross_grad_share"] is None and diag["cross_nograd_frac_correct"] is None
-        assert diag["omega"] == {}
+        assert diag["omega"] == {} and not any(key.startswith("cross_ratio/") for key in diag)
+    assert module.cross_ratios.last == {}  # no partner rows: no ratios recorded, no histograms

@@ -214,12 +214,12 @@ LAYERS = [
     {"data", "plan", "loss_stats", "architecture", "strategies", "rollout"},
     {"exchange", "zoo", "scoring", "memory", "collective"},
     {"step", "update"},
-    {"step_metrics", "grad_share", "callbacks", "reference"},
+    {"step_metrics", "grad_share", "cross_ratios", "callbacks", "reference"},
     {"preflight", "module"},
     {"evaluation"},
     {"datamodule"},
     {"training"},
-    {"cli"},
+    {"cli", "pair_ratios"},
     {"bench", "entry", "hacrl_lightning"},
 ]
 """The package's layers, lowest first: each top-level module or subpackage of `hacrl_lightning` imports only

@@ -346,3 +346,26 @@ def test_the_heterogeneous_pair_trains_one_step_on_cpu(tmp_path, zoo_cache):
         assert row["rollouts_generated"] == 1 * 2 and row["responses_trained"] == 2 * 1 * 2  # own and partner's
         assert row["skipped_updates"] == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
+
+
+def test_the_pair_s_cross_ratios_are_scored_without_training(agents, zoo_cache, tmp_path):
+    """`pair_ratios.score_pair` (scripts/pair_ratios.py) on the pair, its agents loaded once for the module: each
+    answers a prompt twice, the other scores both answers in its own tokens; one finite log-ratio per partner response,
+    the shares of each learner's rows sum to 1, and no weight moves."""
+    import torch
+
+    from hacrl_lightning.cli import compose_config
+    from hacrl_lightning.pair_ratios import score_pair
+
+    cfg, _ = compose_config([f"agents=[{','.join(PAIR)}]", "data.prompts_per_step=1", "rollout.group_size=2",
+                             "trainer.mini_batch_prompts=1", "data.filter_overlong_prompts=false",
+                             f"zoo_cache={zoo_cache}", f"run_dir={tmp_path / 'run'}"])
+    before = {name: [p.detach().clone() for p in agent.parameters()] for name, agent in agents.items()}
+    result = score_pair(cfg, agents=agents, device="cpu")
+    for learner, source in DIRECTIONS:
+        records = result["records"][learner]
+        assert records.source.tolist() == [PAIR.index(source)] * 2 and bool(records.log_ratio.isfinite().all())
+        row = result["report"]["pairs"][learner][source]
+        assert row["rows"] == 2 and sum(row["shares"].values()) == pytest.approx(1.0)
+    for name, agent in agents.items():
+        assert all(torch.equal(a, b) for a, b in zip(before[name], agent.parameters()))
