@@ -183,6 +183,16 @@ def test_quick_comparison_writes_csv_markdown_plots_and_resumes(tmp_path, zoo_ca
     report = (out / "results.md").read_text()
     assert "| hacpo | tiny_b | 2 of 2 |" in report and "## hacpo minus each method" in report
     assert "## Diagnostics" in report and "| cross grad share |" in report
+    # what the two agents know together at the last evaluation: each run's figures on its rows, means in results.md
+    for (method, agent, seed), row in by.items():
+        partner = "tiny_b" if agent == "tiny_a" else "tiny_a"
+        theirs = json.loads(by[(method, partner, seed)]["final_right_partner_wrong"])[agent]  # partner right, agent wrong
+        assert float(row["final_union_acc"]) == pytest.approx(float(row["final_acc"]) + theirs)
+        assert float(row["final_union_gain"]) == pytest.approx(
+            float(row["final_union_acc"]) - max(float(by[(method, a, seed)]["final_acc"]) for a in ("tiny_a", "tiny_b")))
+        assert 0.0 <= float(row["final_majority_acc"]) <= float(row["final_union_acc"])
+    assert "## The agents together (held-out, last evaluation)" in report
+    assert "| hacpo | 2 of 2 |" in report and "| grpo | tiny_a | tiny_b |" in report
     for name in ("accuracy_vs_rollouts.png", "final_accuracy.png"):
         with Image.open(out / name) as image:
             image.verify()

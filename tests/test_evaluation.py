@@ -379,6 +379,20 @@ def test_evaluate_on_two_exported_agents_writes_table_and_files(exports, arithme
         assert results["agents"][name]["scores"]["gsm8k"]["correct"] == correct
     assert any(sum(r["scores"]["gsm8k"]["correct"]) > 0 for r in results["agents"].values())
 
+    # the two agents together, from the answers already scored (one greedy answer per GSM8K problem: by hand)
+    a, b = (results["agents"][name]["scores"]["gsm8k"]["correct"] for name in ("tiny_a", "tiny_b"))
+    together = results["collective"]["gsm8k"]
+    assert together["agents"] == ["tiny_a", "tiny_b"] and together["problems"] == 16
+    assert together["union_acc"] == pytest.approx(sum(max(x, y) for x, y in zip(a, b)) / 16)
+    assert together["best_single_acc"] == pytest.approx(max(sum(a), sum(b)) / 16)
+    assert together["union_gain"] == pytest.approx(together["union_acc"] - together["best_single_acc"])
+    assert together["right_wrong"]["tiny_a"]["tiny_b"] == pytest.approx(sum(x > y for x, y in zip(a, b)) / 16)
+    assert together["right_wrong"]["tiny_b"]["tiny_a"] == pytest.approx(sum(y > x for x, y in zip(a, b)) / 16)
+    assert 0.0 <= together["majority_acc"] <= together["union_acc"]
+    assert results["collective"]["aime2025"]["problems"] == 3  # from each agent's first of its 30 answers
+    assert "## The agents together" in (out / "results.md").read_text()
+    assert f"GSM8K together: union {together['union_acc']:.3f}" in proc.stdout
+
 
 def test_save_responses_writes_every_answer_with_its_prompt_boxed_answer_and_reward(script_main, capsys, tmp_path,
                                                                                      zoo_cache):

@@ -278,6 +278,19 @@ def test_train_script_end_to_end(tmp_path, zoo_cache):
         model = AutoModelForCausalLM.from_pretrained(row["export"])
         tokenizer = AutoTokenizer.from_pretrained(row["export"])
         assert model.config.vocab_size >= len(tokenizer) and tokenizer.chat_template
+    # what the two agents know together, at every evaluation, from the same greedy answers (collective.py)
+    assert sum("| together: union " in line for line in result.stdout.splitlines() if line.startswith("eval step")) == 3
+    for key in ("union_acc", "majority_acc", "majority_tied", "union_gain", "majority_gain", "right_wrong/tiny_a/tiny_b"):
+        assert [e.step for e in events.Scalars(f"collective/eval/{key}")] == [0, 1, 2], key
+    for entry, union in zip(summary["eval_history"], events.Scalars("collective/eval/union_acc")):
+        together, a, b = entry["collective"], entry["scores"]["tiny_a"]["acc"], entry["scores"]["tiny_b"]["acc"]
+        assert together["agents"] == ["tiny_a", "tiny_b"] and together["problems"] == 8
+        assert together["best_single_acc"] == pytest.approx(max(a, b))
+        assert union.value == pytest.approx(together["union_acc"])
+        a_only, b_only = together["right_wrong"]["tiny_a"]["tiny_b"], together["right_wrong"]["tiny_b"]["tiny_a"]
+        assert together["union_acc"] == pytest.approx(a + b_only) == pytest.approx(b + a_only)  # by hand, 2 agents
+        assert together["union_gain"] == pytest.approx(together["union_acc"] - max(a, b))
+        assert 0.0 <= together["majority_acc"] <= together["union_acc"] and 0.0 <= together["majority_tied"] <= 1.0
 
 
 @pytest.mark.slow
