@@ -53,8 +53,8 @@ from hacrl_lightning.placement import Placement
 from hacrl_lightning.plan import MicroBatch, StepPlan, learner_order
 from hacrl_lightning.step import StepBatch, step_seed
 from hacrl_lightning.step_metrics import clip_metrics, mismatch_metrics, rollout_metrics, view_metrics
-from hacrl_lightning.update import (LearnerTables, adamw, host_values, loss_inputs, score_own_rows, source_span,
-                                   to_device, total_grad_norm)
+from hacrl_lightning.update import (LearnerTables, adamw, host_values, loss_inputs, padding_metrics, score_own_rows,
+                                   source_span, to_device, total_grad_norm)
 
 
 class NonFiniteError(RunFailed):
@@ -297,6 +297,7 @@ class HACRLModule(pl.LightningModule):
                                            ref_tokens=ref_tokens.get(name), rewards=data.rewards.flatten())
             metrics.update(self._update_or_fail(k, name, data.views[name], plans[name], tables, lowers, grad_share))
         metrics.update(view_metrics(data.views))
+        metrics.update(padding_metrics(plans, data.views, self.settings.micro_batch_size))  # the passes' padding
         metrics = self._from_groups(metrics)  # split: every agent's figures, from its group
         stop_if_faulty(self.fault_streak, step, limit=self.settings.max_nonfinite_skips)
         mini_batches = {name: int(metrics[f"{name}/mini_batches"]) for name in self.names}
@@ -411,14 +412,15 @@ class HACRLModule(pl.LightningModule):
         return merged
 
     def _plan(self, view: AgentView, k: int, step: int) -> StepPlan:
-        """Learner k's mini-batches over the global batch (`hacrl_lightning.plan`): own rows first, then
-        partners' in agent order, shuffled within each part by a generator seeded with (seed, step, k),
-        so every rank builds the same plan."""
+        """Learner k's mini-batches over the global batch (`hacrl_lightning.plan`): own rows first, then partners' in
+        agent order, each part shuffled by a generator seeded with (seed, step, k): every rank builds the same."""
         generator = torch.Generator().manual_seed(step_seed(self.settings.seed, step, salt=31 + k))
         order = learner_order(view.is_own, view.source_idx, view.prompt_idx, learner=k, cross_cap=self.cross_cap,
                               generator=generator, partners_first=self.alg.learner_order == "paper_main" and k == 1)
         rank, world = self._group(self.names[k])
-        return StepPlan.build(order, mini_batch_size=self.settings.mini_batch_size, rank=rank, world=world)
+        by_length = self.alg.kl_coef == 0 or self.alg.kl_agg_mode != "micro-token-mean"  # that KL is per pass
+        return StepPlan.build(order, mini_batch_size=self.settings.mini_batch_size, rank=rank, world=world,
+                              lengths=view.attention_mask.sum(-1), by_length=by_length)
 
     @torch.no_grad()
     def _old_logprobs(self, views: dict[str, AgentView], plans: dict[str, StepPlan], rows: int):
@@ -490,9 +492,8 @@ class HACRLModule(pl.LightningModule):
         Each mini-batch is normalised over the *global* mini-batch (its sequences, or its tokens for
         token-mean), and this rank's loss is scaled by the world size because FSDP averages gradients
         over ranks: the update equals the one a single device makes on the whole mini-batch."""
-        agent = self.agents[name]
         opts, scheds = self._optimizers()
-        opt, sched = opts[name], scheds[name]
+        agent, opt, sched = self.agents[name], opts[name], scheds[name]
         token_level = self.alg.ratio_level == "token"
         diagnostics = {}
         if grad_share:
@@ -528,14 +529,13 @@ class HACRLModule(pl.LightningModule):
             sched.step()
             updated = True
             self.counters[name]["optimizer_updates"] += 1
-        order = plan.rows
-        self.counters[name]["responses_trained"] += len(order)
+        self.counters[name]["responses_trained"] += len(plan.rows)
         count_faults(self.fault_streak, self.counters, name, self.steps_done, skipped,
                      limit=self.settings.max_nonfinite_skips, warn=self._group(name)[0] == 0)
         return {**diagnostics, f"{name}/grad_norm": _detach_mean(grad_norms), f"{name}/updates": float(len(grad_norms)),
                 f"{name}/skipped_updates": float(len(skipped)), f"{name}/mini_batches": float(len(plan)),
                 f"{name}/degenerate/zero_adv_frac":
-                    float((tables.advantages[order] == 0).float().mean()) if len(order) else 0.0}
+                    float((tables.advantages[plan.rows] == 0).float().mean()) if len(plan) else 0.0}
 
     def _backward(self, agent: Agent, view: AgentView, plan: StepPlan, tables: LearnerTables, lowers: tuple[float, ...],
                   m: int, micro_batch: MicroBatch, part: str | None = None, *, own_old_is_new: bool = False):

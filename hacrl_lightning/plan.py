@@ -8,7 +8,11 @@ trains on its slice of every mini-batch. So the number of updates, the m sequenc
 of each mini-batch are the same on 1 rank or 8 (docs/training.md, "The global step plan").
 
 The plan also hands out each rank's passes (`StepPlan.passes`, `StepPlan.passes_where`): the rows of
-one forward/backward pass, its weight and the pass count the loss normalises by. Under FSDP every
+one forward/backward pass, its weight and the pass count the loss normalises by. Given each row's length
+(`lengths`), a rank's rows of a mini-batch run longest first, so rows of like length share a pass and pad
+less (never across mini-batches: their order is the stepwise clip's; the loss of a mini-batch is normalised
+by its global counts, so which of its rows share a pass changes only the float summation order), and
+`padding` says what share of the tokens the passes compute is padding. Under FSDP every
 forward pass is a collective, so every rank must run the same number of passes for each mini-batch
 even when the slices differ by a row: a shorter rank's list ends with zero-weight passes over a
 stand-in row, which keep the ranks in step and add nothing to the loss or the gradients
@@ -21,7 +25,6 @@ rows a learner sees (the exchange builds its view).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -82,14 +85,20 @@ class StepPlan:
     mini_batches: tuple[Tensor, ...]
     rank: int = 0
     world: int = 1
+    lengths: Optional[Tensor] = None
+    """[B] each view row's tokens (its attention mask's sum: a pass computes its longest row's width), or None."""
+    by_length: bool = True
+    """With `lengths`: each rank's rows of a mini-batch (of the old log-probs' pass: all of them) run longest first.
+    Off where which rows share a pass is part of the loss (the paper code's KL mean per pass)."""
 
     @classmethod
-    def build(cls, order: Tensor, *, mini_batch_size: int, rank: int = 0, world: int = 1) -> "StepPlan":
+    def build(cls, order: Tensor, *, mini_batch_size: int, rank: int = 0, world: int = 1,
+              lengths: Optional[Tensor] = None, by_length: bool = True) -> "StepPlan":
         if mini_batch_size < 1:
             raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not in [0, {world})")
-        return cls(tuple(order.split(mini_batch_size)), rank, world)
+        return cls(tuple(order.split(mini_batch_size)), rank, world, lengths, by_length)
 
     def __len__(self) -> int:
         return len(self.mini_batches)
@@ -103,18 +112,24 @@ class StepPlan:
         """The rows of mini-batch m that `rank` (default: this rank) trains on."""
         return split_even(self.mini_batches[m], self.world)[self.rank if rank is None else rank]
 
+    def _pieces(self, rows: Tensor, size: int) -> list[Tensor]:
+        """`rows` (one rank's) in passes of at most `size` rows, longest first where `by_length`."""
+        if self.lengths is not None and self.by_length and len(rows) > 1:
+            rows = rows[torch.argsort(self.lengths[rows], descending=True, stable=True)]
+        return list(rows.split(size))
+
     def micro_batches(self, m: int, size: int) -> list[Tensor]:
         """This rank's share of mini-batch m in micro-batches of at most `size` rows; every rank gets
         the same number of them (a shorter share ends with empty ones)."""
-        count = math.ceil(len(self.share(m, rank=0)) / size)  # rank 0 holds the largest share
-        pieces = list(self.share(m).split(size))
+        count = max(len(self._pieces(self.share(m, rank), size)) for rank in range(self.world))
+        pieces = self._pieces(self.share(m), size)
         return pieces + [self.mini_batches[m][:0]] * (count - len(pieces))
 
     def passes(self, m: int, size: int) -> list[MicroBatch]:
         """This rank's passes over its share of mini-batch m, `size` rows at most each (`micro_batches`): a
         piece with rows weighs 1, an empty one is a pass of weight 0 over the mini-batch's first row."""
         pieces = self.micro_batches(m, size)
-        passes = max(1, math.ceil(len(self.share(m)) / size)) * self.world
+        passes = max(1, sum(1 for rows in pieces if len(rows))) * self.world
         stand_in = self.mini_batches[m][:1]
         return [MicroBatch(rows, 1.0, passes) if len(rows) else MicroBatch(stand_in, 0.0, passes) for rows in pieces]
 
@@ -125,10 +140,11 @@ class StepPlan:
         return rows[mask[rows]]
 
     def micro_batches_where(self, mask: Tensor, size: int) -> list[Tensor]:
-        """`rows_where(mask)` of this rank in micro-batches of at most `size`; as many on every rank."""
-        most = max(len(self.rows_where(mask, rank)) for rank in range(self.world))
-        pieces = list(self.rows_where(mask).split(size))
-        return pieces + [mask.new_zeros(0, dtype=torch.long)] * (math.ceil(most / size) - len(pieces))
+        """`rows_where(mask)` of this rank in micro-batches of at most `size`; as many on every rank. No update
+        runs between them, so with `by_length` they are ordered by length over all mini-batches."""
+        most = max(len(self._pieces(self.rows_where(mask, rank), size)) for rank in range(self.world))
+        pieces = self._pieces(self.rows_where(mask), size)
+        return pieces + [mask.new_zeros(0, dtype=torch.long)] * (most - len(pieces))
 
     def passes_where(self, mask: Tensor, size: int) -> list[MicroBatch]:
         """This rank's passes over `rows_where(mask)` (`micro_batches_where`), an empty piece a pass of weight 0
@@ -136,3 +152,16 @@ class StepPlan:
         stand_in = torch.nonzero(mask).flatten()[:1]
         return [MicroBatch(rows, 1.0) if len(rows) else MicroBatch(stand_in, 0.0)
                 for rows in self.micro_batches_where(mask, size)]
+
+    def padding(self, size: int, mask: Optional[Tensor] = None) -> tuple[int, int]:
+        """(real tokens, tokens computed) of every rank's passes with rows: the update's (`passes`), or with `mask`
+        the old log-probs' (`passes_where`). A pass computes rows x its longest row's tokens. Needs `lengths`."""
+        if self.lengths is None:
+            raise ValueError("StepPlan.padding needs the rows' lengths: build the plan with lengths=")
+        if mask is None:
+            pieces = [rows for m in range(len(self)) for rank in range(self.world)
+                      for rows in self._pieces(self.share(m, rank), size)]
+        else:
+            pieces = [rows for rank in range(self.world) for rows in self._pieces(self.rows_where(mask, rank), size)]
+        lengths = [self.lengths[rows] for rows in pieces if len(rows)]
+        return int(sum(int(t.sum()) for t in lengths)), int(sum(len(t) * int(t.max()) for t in lengths))

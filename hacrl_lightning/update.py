@@ -2,11 +2,14 @@
 micro-batch's loss inputs and the gradient norm.
 
 The passes a rank runs (rows, weight, pass count) are the plan's (`plan.StepPlan.passes`).
-`score_own_rows` is the old log-probs' pass over one source's own rows (and its KL reference's, and how far the
-engine's log-probs were from the trainer's). `LearnerTables` holds a learner's per-row inputs of one step (advantages, old and reference
-log-probs, omega, rewards), `loss_inputs` turns a micro-batch of them into `hacpo_loss`'s keyword
-arguments (besides the algorithm's `loss_settings()`), `total_grad_norm` is the clip's utility,
-global over ranks under FSDP, and `adamw` builds an agent's optimizer (fused on CUDA, `adamw_options`).
+`score_own_rows` is the old log-probs' pass over one source's own rows (and its KL reference's, and how far
+the engine's log-probs were from the trainer's). `LearnerTables` holds a learner's per-row inputs of one step
+(advantages, old and reference log-probs, omega, rewards), `loss_inputs` turns a micro-batch of them into
+`hacpo_loss`'s keyword arguments (besides the algorithm's `loss_settings()`), `total_grad_norm` is the clip's
+utility, global over ranks under FSDP, and `adamw` builds an agent's optimizer (fused on CUDA, `adamw_options`).
+No pass loop here or in the module reads a value to the host (on a GPU each read waits for every queued
+kernel): `to_device` selects a pass's rows on the host and copies them without waiting, `host_values` brings a
+mini-batch's figures over in one copy; `padding_metrics` says what share of the passes' tokens is padding.
 Deliberately not here: forward passes, backward passes and optimizer steps (the module), the loss
 itself (`algorithms/`) and the plan of mini-batches and passes (`plan.py`).
 """
@@ -14,7 +17,7 @@ itself (`algorithms/`) and the plan of mini-batches and passes (`plan.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -22,10 +25,10 @@ from torch import Tensor
 from hacrl_lightning.agents.agent import Agent, first_target_column
 from hacrl_lightning.algorithms import sequence_mean_logp
 from hacrl_lightning.exchange import AgentView
-from hacrl_lightning.plan import MicroBatch
+from hacrl_lightning.plan import MicroBatch, StepPlan
 
-__all__ = ["LearnerTables", "OwnScores", "adamw", "adamw_options", "host_values", "loss_inputs", "score_own_rows",
-           "to_device", "total_grad_norm"]
+__all__ = ["LearnerTables", "OwnScores", "adamw", "adamw_options", "host_values", "loss_inputs", "padding_metrics",
+           "score_own_rows", "to_device", "total_grad_norm"]
 
 
 @dataclass(frozen=True)
@@ -185,3 +188,14 @@ def adamw(params: list[Tensor], cfg: Any) -> torch.optim.AdamW:
     implementation `adamw_options` picks for the parameters' device."""
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
                              **adamw_options(p.device.type for p in params))
+
+
+def padding_metrics(plans: Mapping[str, StepPlan], views: Mapping[str, AgentView], size: int) -> dict[str, float]:
+    """`{agent}/perf/padding_frac/{old_logprobs,update}`: the share of the tokens its passes compute (every rank's,
+    `StepPlan.padding`) that is padding, in the old log-probs' pass over its own rows and in its update."""
+    out = {}
+    for name, plan in plans.items():
+        for phase, mask in (("old_logprobs", views[name].is_own), ("update", None)):
+            real, computed = plan.padding(size, mask)
+            out[f"{name}/perf/padding_frac/{phase}"] = 1.0 - real / computed if computed else 0.0
+    return out

@@ -1,15 +1,27 @@
 """The update loop made GPU-friendly (`hacrl_lightning/update.py`, `plan.py`): AdamW's implementation by device,
-on real zoo agents."""
+no value read to the host inside a pass loop, rows of like length sharing a pass; on real zoo agents and one real
+step of the tiny pair."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from hacrl_lightning.agents.agent import first_target_column
 from hacrl_lightning.agents.lora import trainable_parameters
-from hacrl_lightning.update import adamw, adamw_options
+from hacrl_lightning.algorithms import hacpo_loss
+from hacrl_lightning.config import DataConfig
+from hacrl_lightning.data import synthetic_examples
+from hacrl_lightning.exchange import make_rollouts, view_for
+from hacrl_lightning.plan import StepPlan
+from hacrl_lightning.presets import get_preset
+from hacrl_lightning.update import LearnerTables, adamw, adamw_options, loss_inputs, padding_metrics
+
+from conftest import ZOO_AGENTS
 
 
 def test_adamw_is_fused_where_every_parameter_is_on_cuda_and_torch_s_default_elsewhere():
@@ -167,3 +179,101 @@ def test_no_pass_of_the_update_or_the_old_log_probs_reads_a_value_to_the_host(on
         ("forward", 3)]                                                       # each source's 4 own rows, passes of 1
     assert all(c == ["cpu"] * 3 for _, c in scores if c)
     assert module.last_metrics["tiny_a/updates"] == 4.0
+
+
+def test_rows_of_like_length_share_a_pass_within_each_rank_s_share_and_pad_less():
+    """Six rows of lengths 5 1 4 2 3 6 in one mini-batch, passes of 2. In plan order the passes compute
+    2·5 + 2·4 + 2·6 = 30 tokens for 21 real ones (padding 0.3); longest first 2·6 + 2·4 + 2·2 = 24 (0.125).
+    Over 2 ranks each keeps its share (rows 0-2, 3-5) and orders it: 2·5 + 1 and 2·6 + 2, 25 tokens, and both
+    run 2 passes."""
+    lengths, order = torch.tensor([5, 1, 4, 2, 3, 6]), torch.arange(6)
+    plain = StepPlan.build(order, mini_batch_size=6, lengths=lengths, by_length=False)
+    grouped = StepPlan.build(order, mini_batch_size=6, lengths=lengths)
+    assert plain.padding(2) == (21, 30) and grouped.padding(2) == (21, 24)
+    assert [p.rows.tolist() for p in grouped.passes(0, 2)] == [[5, 0], [2, 4], [3, 1]]
+    ranks = [StepPlan.build(order, mini_batch_size=6, rank=r, world=2, lengths=lengths) for r in range(2)]
+    assert [[p.rows.tolist() for p in plan.passes(0, 2)] for plan in ranks] == [[[0, 2], [1]], [[5, 4], [3]]]
+    assert ranks[0].padding(2) == ranks[1].padding(2) == (21, 25)
+    assert [p.passes for p in ranks[0].passes(0, 2)] == [4, 4]                 # the pass count is today's
+    own = torch.tensor([True, False, True, True, False, True])                 # the old log-probs' rows: 0 2 3 5
+    assert [p.rows.tolist() for p in grouped.passes_where(own, 2)] == [[5, 0], [2, 3]]
+    assert grouped.padding(2, own) == (17, 2 * 6 + 2 * 4)
+    assert padding_metrics({"a": grouped}, {"a": SimpleNamespace(is_own=own)}, 2) == {
+        "a/perf/padding_frac/old_logprobs": 1 - 17 / 20, "a/perf/padding_frac/update": 1 - 21 / 24}
+
+
+@dataclass
+class Gen:
+    token_ids: list[int]
+    finish_reason: str
+
+
+def _varied_view(agent_a, agent_b):
+    """tiny_a's view of 6 own and 2 of tiny_b's responses to one prompt, of 1 to about 20 tokens."""
+    example = synthetic_examples(DataConfig(), "eval", 1)
+    texts = {"tiny_a": ["7", "We add 3 and 4, which gives seven, so the answer is \\boxed{7}.", "\\boxed{12}",
+                        "So \\boxed{7}.", "Adding the two numbers: 5 + 7 = 12. \\boxed{12}", "12"],
+             "tiny_b": ["The sum is \\boxed{7} after adding both terms together.", "\\boxed{9}"]}
+    rollouts = []
+    for agent in (agent_a, agent_b):
+        gens = [Gen(agent.encode_response([text])[0] + [agent.eos_token_id], "stop") for text in texts[agent.name]]
+        rollouts += make_rollouts(agent, example, gens)
+    return view_for(agent_a, rollouts, sources=ZOO_AGENTS, rows=list(range(8)))
+
+
+def _mini_batch(agent, view, tables, plan, size):
+    """The mini-batch's loss (the sum of its passes') and the gradient its passes accumulate."""
+    params = trainable_parameters(agent)
+    for p in params:
+        p.grad = None
+    settings = replace(get_preset("hacpo"), kl_coef=0.0).loss_settings()
+    total = torch.zeros(())
+    for micro_batch in plan.passes(0, size):
+        micro = view.select(micro_batch.rows)
+        logp = agent.token_logprobs(micro.input_ids, micro.attention_mask,
+                                    first_target=first_target_column(micro.loss_mask))
+        loss, _ = hacpo_loss(**settings, **loss_inputs(
+            view, micro, micro_batch.rows, plan.mini_batches[0], logp, tables, cross_lower=0.8,
+            loss_scale_factor=float(agent.cfg.max_response_len), engine_logp=False, micro_batches=micro_batch.passes))
+        (loss * micro_batch.weight).backward()
+        total = total + loss.detach()
+    return total, torch.cat([p.grad.flatten() for p in params])
+
+
+def test_grouping_by_length_keeps_the_mini_batch_s_loss_and_gradient(load_zoo_agent, zoo_agents):
+    """Eight rows of 2 to 22 response tokens, passes of 3, in plan order and longest first: the mini-batch's loss
+    and gradient agree to float32 rounding. Every row's term is normalised by the mini-batch's global counts, so
+    only the summation order differs (and the matmul shapes, which a narrower pass changes): a few ulp of the
+    largest values, 1e-6 relative at most; a row dropped or counted twice moves both by about 1/8."""
+    agent = load_zoo_agent("tiny_a")
+    agent.eval()
+    view = _varied_view(agent, zoo_agents["tiny_b"])
+    lengths = view.attention_mask.sum(-1)
+    assert int(view.loss_mask.sum(-1).min()) <= 3 and int(view.loss_mask.sum(-1).max()) >= 15
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        old = agent.token_logprobs(view.input_ids, view.attention_mask)                        # [8, T]
+    old = old + 0.02 * torch.randn(old.shape, generator=generator) * view.loss_mask
+    from hacrl_lightning.algorithms import sequence_mean_logp
+
+    tables = LearnerTables.of_step(
+        view, 0, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 0.8, -0.3, 0.6, -0.9]),
+        old_mean=sequence_mean_logp(old, view.loss_mask), old_tokens=old, ref_tokens=None,
+        omega=torch.tensor([[1.0, 1.0, 1.0], [0.7, 1.0, 1.0], [1.0, 1.0, 1.0]]), rewards=torch.ones(8))
+    order = torch.tensor([3, 0, 6, 1, 7, 2, 5, 4])
+    plain = StepPlan.build(order, mini_batch_size=8, lengths=lengths, by_length=False)
+    grouped = StepPlan.build(order, mini_batch_size=8, lengths=lengths)
+    assert grouped.padding(3)[1] < plain.padding(3)[1]                       # fewer tokens computed
+    assert [p.rows.tolist() for p in grouped.passes(0, 3)] != [p.rows.tolist() for p in plain.passes(0, 3)]
+    loss_plain, grad_plain = _mini_batch(agent, view, tables, plain, 3)
+    loss_grouped, grad_grouped = _mini_batch(agent, view, tables, grouped, 3)
+    assert float(loss_plain) != 0.0 and float(grad_plain.abs().max()) > 0
+    assert float(loss_grouped) == pytest.approx(float(loss_plain), rel=1e-6)
+    assert float((grad_grouped - grad_plain).abs().max()) <= 1e-6 * float(grad_plain.abs().max())
+
+
+def test_each_pass_s_padding_is_a_metric(one_step):
+    """`{agent}/perf/padding_frac/{old_logprobs,update}` of the real step: passes of 1 row pad nothing."""
+    module, _ = one_step
+    keys = [f"{name}/perf/padding_frac/{phase}" for name in ("tiny_a", "tiny_b") for phase in ("old_logprobs", "update")]
+    assert [module.last_metrics[key] for key in keys] == [0.0] * 4
