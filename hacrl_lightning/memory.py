@@ -15,7 +15,8 @@ config.json, read offline without loading the model); this module only plans wit
 
 Which figures are exact and which are estimates (docs/PERFORMANCE.md, "Memory plan"): parameter
 counts and training-state bytes are exact (tested against the zoo's models after a real step); the
-logits and activation peak follows the autograd graph of `Agent.token_logprobs` and is checked against
+logits and activation peak follows the autograd graph of `Agent.token_logprobs` (the logits made a chunk of
+positions at a time, `LOGPROB_TOKENS`) and is checked against
 torch's CPU profiler; the KV cache per token is checked against vLLM's CPU engine. Estimates, not
 measured here: FSDP2's gathered weights, vLLM's own activation reserve and RUNTIME_RESERVE. Deliberately
 not here: host memory, tensor parallelism, and anything that loads a model.
@@ -37,8 +38,12 @@ GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 RUNTIME_RESERVE = 2 * GIB
 """Assumed per GPU for the CUDA context, NCCL buffers and allocator fragmentation (not measured here)."""
-LOGPROB_ROWS = 8
-"""Rows `agents.agent.gather_logprobs` turns into fp32 log-softmax at a time."""
+LOGPROB_TOKENS = 1024
+"""Positions whose logits `agents.agent.head_logprobs` makes at a time (`agents.agent.LOGPROB_TOKENS`)."""
+LOGPROB_COPIES = 3
+"""fp32 tensors of one chunk's logits' size alive at once in its backward (the log-softmax's input, its gradient,
+the gather's scattered gradient; with the second chunk's output-layer gradient, `logits_peak`, torch's CPU profiler
+measured 462 MiB for 460 MiB planned at 151,936 tokens, tests/test_memory_plan.py)."""
 VLLM_BATCHED_TOKENS = 16384
 VLLM_MAX_SEQS = 1024
 """vLLM's defaults for an offline `LLM` on a large GPU: the profile run's tokens (activations) and sampled
@@ -70,8 +75,8 @@ class AgentMemory:
     activations_checkpointed: int
     """The same with gradient checkpointing (each block's input kept, one block recomputed at a time)."""
     forward_peak: int
-    """The old log-probs' forward pass of one micro-batch (no autograd graph): the logits and the fp32 working
-    copies of one chunk of rows (`logits_forward`)."""
+    """The old log-probs' forward pass of one micro-batch (no autograd graph): one chunk's logits and their fp32
+    working copies (`logits_forward`)."""
     checkpointing: bool
     gradient_buffers: int
     """One device: the embedding's gradient contributions (LM head and input embedding when tied) that
@@ -310,26 +315,31 @@ def shard_world(cfg: TrainConfig) -> int:
     return cfg.trainer.world_size if cfg.trainer.strategy == "fsdp" else 1
 
 
-def logits_peak(arch: Architecture, rows: int, tokens: int, c: int) -> int:
-    """`Agent.token_logprobs` on `rows` x `tokens`: the model's logits in the compute dtype, the fp32
-    log-softmax inputs autograd keeps for every row, and two fp32 working copies of one LOGPROB_ROWS chunk."""
-    per_row = tokens * arch.vocab
-    return c * rows * per_row + 4 * rows * per_row + 2 * 4 * min(rows, LOGPROB_ROWS) * per_row
+def logits_peak(arch: Architecture, rows: int, tokens: int, c: int, chunk: int = LOGPROB_TOKENS) -> int:
+    """`Agent.token_logprobs` on `rows` x `tokens` with grad (`agents.agent.head_logprobs`): the hidden states the
+    chunks' checkpoints keep (compute dtype), and the backward of one chunk of `chunk` positions, whose logits are
+    made again: in the compute dtype and LOGPROB_COPIES fp32 copies, beside (from the second chunk on) the output
+    layer's fp32 gradient of that chunk before it is added to the weight's. The whole micro-batch's logits never
+    exist at once."""
+    positions = rows * tokens
+    head_gradient = 4 * arch.vocab * arch.hidden if positions > chunk else 0
+    return c * positions * arch.hidden + (c + 4 * LOGPROB_COPIES) * min(positions, chunk) * arch.vocab + head_gradient
 
 
-def logits_forward(arch: Architecture, rows: int, tokens: int, c: int) -> int:
-    """`Agent.token_logprobs` without autograd (old log-probs): the logits in the compute dtype and two fp32
-    working copies of one LOGPROB_ROWS chunk."""
-    per_row = tokens * arch.vocab
-    return c * rows * per_row + 2 * 4 * min(rows, LOGPROB_ROWS) * per_row
+def logits_forward(arch: Architecture, rows: int, tokens: int, c: int, chunk: int = LOGPROB_TOKENS) -> int:
+    """`Agent.token_logprobs` without autograd (old log-probs): the hidden states picked for the output layer, and
+    one chunk's logits in the compute dtype with two fp32 working copies."""
+    positions = rows * tokens
+    return c * positions * arch.hidden + (c + 2 * 4) * min(positions, chunk) * arch.vocab
 
 
-def activation_peak(arch: Architecture, rows: int, tokens: int, c: int, *, checkpointed: bool) -> int:
-    """One micro-batch's forward and backward: what the blocks keep, the final norm, and the logits."""
+def activation_peak(arch: Architecture, rows: int, tokens: int, c: int, *, checkpointed: bool,
+                    chunk: int = LOGPROB_TOKENS) -> int:
+    """One micro-batch's forward and backward: what the blocks keep, the final norm, and the log-probs' chunk."""
     per_layer = arch.saved_per_token_layer(c)
     blocks = arch.layers * c * arch.hidden + per_layer if checkpointed else arch.layers * per_layer
     final_norm = 2 * c * arch.hidden if arch.family.layer_norm else (4 + c) * arch.hidden
-    return rows * tokens * (blocks + final_norm) + logits_peak(arch, rows, tokens, c)
+    return rows * tokens * (blocks + final_norm) + logits_peak(arch, rows, tokens, c, chunk)
 
 
 def _gathered(arch: Architecture, cfg: TrainConfig, world: int, c: int) -> int:

@@ -6,8 +6,9 @@
 - The training state (fp32 weights, gradients, AdamW state, the KL reference) equals, byte for byte, what
   the tiny agents hold after one real training step.
 - The logits and activation peak of one micro-batch is within 20 % of torch's CPU memory profiler: a
-  mid-size random Qwen3 with the real 151,936-token vocabulary (the logits dominate), and the same with a
-  small vocabulary (the blocks' activations dominate), with and without gradient checkpointing.
+  mid-size random Qwen3 with the real 151,936-token vocabulary (one chunk's logits dominate: the log-probs are
+  made a chunk of positions at a time), and the same with a small vocabulary (the blocks' activations dominate),
+  with and without gradient checkpointing.
 - The refusal: on a GPU (`on_gpu`, testable without one) a run that cannot fit is refused by the preflight
   with the table and ranked changes, and train.py stops before any model loads; bad input is a clear error.
 """
@@ -28,7 +29,8 @@ from hacrl_lightning.architecture import (Architecture, UnknownArchitecture, arc
 from hacrl_lightning.cli import compose_config
 from hacrl_lightning.config import AgentConfig
 from hacrl_lightning.errors import ConfigError
-from hacrl_lightning.memory import GIB, activation_peak, fixes, memory_problems, plan_memory, with_changes
+from hacrl_lightning.memory import (GIB, LOGPROB_TOKENS, activation_peak, fixes, memory_problems, plan_memory,
+                                   with_changes)
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = ("tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_e", "tiny_qwen3", "tiny_llama32")
@@ -115,22 +117,22 @@ def test_training_state_is_exact_after_one_real_step(tmp_path, zoo_cache):
         assert agent.adamw > 2 * agent.master_weights  # the moments and one fp32 step per tensor
 
 
-def profiled_peak(model, rows: int, tokens: int) -> int:
+def profiled_peak(model, rows: int, tokens: int, chunk: int = LOGPROB_TOKENS) -> int:
     """The peak of the bytes allocated by one forward + backward of `Agent.token_logprobs`'s computation
-    above what was there before (torch's CPU memory profiler, every allocation and free in time order),
-    the parameters' gradients left out: the plan counts those in the training state."""
+    (`agents.agent.token_logprobs`, `chunk` positions of logits at a time) above what was there before (torch's CPU
+    memory profiler, every allocation and free in time order), the parameters' gradients left out: the plan counts
+    those in the training state."""
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, Category, MemoryProfileTimeline
 
-    from hacrl_lightning.agents.agent import gather_logprobs
+    from hacrl_lightning.agents.agent import token_logprobs
 
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (rows, tokens), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
 
-    def logprobs():  # Agent.forward + token_logprobs: the logits are freed when it returns
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1), use_cache=False).logits
-        return gather_logprobs(logits[:, :-1], ids[:, 1:])
+    def logprobs():
+        return token_logprobs(model, ids, mask, chunk=chunk)
 
     logprobs().sum().backward()  # warm-up: lazy initialisations stay out of the figure
     model.zero_grad(set_to_none=True)
@@ -144,12 +146,12 @@ def profiled_peak(model, rows: int, tokens: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("vocab, layers, rows, tokens, checkpointing", [
-    (151_936, 2, 12, 32, False),  # the real Qwen3 vocabulary: the logits dominate (two chunks of gather_logprobs)
-    (512, 4, 4, 256, False),      # a small vocabulary: the blocks' activations dominate
-    (512, 4, 4, 256, True),
+@pytest.mark.parametrize("vocab, layers, rows, tokens, checkpointing, chunk", [
+    (151_936, 2, 12, 32, False, 128),  # the real Qwen3 vocabulary: the logits dominate (three chunks of 128 positions)
+    (512, 4, 4, 256, False, LOGPROB_TOKENS),  # a small vocabulary: the blocks' activations dominate
+    (512, 4, 4, 256, True, LOGPROB_TOKENS),
 ])
-def test_activation_peak_is_within_20_percent_of_the_profiler(vocab, layers, rows, tokens, checkpointing):
+def test_activation_peak_is_within_20_percent_of_the_profiler(vocab, layers, rows, tokens, checkpointing, chunk):
     torch.manual_seed(0)
     config = Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=layers, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=64, vocab_size=vocab, max_position_embeddings=512,
@@ -159,12 +161,18 @@ def test_activation_peak_is_within_20_percent_of_the_profiler(vocab, layers, row
         model.gradient_checkpointing_enable()
     model.train()  # checkpointing recomputes in train mode only; Qwen3 has no dropout
     arch = Architecture.from_config(config.to_dict())
-    planned = max(activation_peak(arch, rows, tokens, 4, checkpointed=checkpointing),
+    planned = max(activation_peak(arch, rows, tokens, 4, checkpointed=checkpointing, chunk=chunk),
                   2 * 4 * arch.vocab * arch.hidden)  # the tied embedding's gradient buffers (AgentMemory)
-    measured = profiled_peak(model, rows, tokens)
+    measured = profiled_peak(model, rows, tokens, chunk)
     assert measured == pytest.approx(planned, rel=0.2), f"plan {planned / 2**20:.1f} MiB, profiler {measured / 2**20:.1f} MiB"
-    if vocab > 100_000:  # and the logits are most of it, so the figure does measure the logits term
-        assert activation_peak(arch, rows, tokens, 4, checkpointed=False) > 0.9 * measured
+    if vocab > 100_000:  # and one chunk's logits are most of it, so the figure does measure the logits term
+        assert activation_peak(arch, rows, tokens, 4, checkpointed=False, chunk=chunk) > 0.9 * measured
+
+
+def test_the_plan_s_chunk_is_the_agent_s():
+    from hacrl_lightning.agents import agent
+
+    assert LOGPROB_TOKENS == agent.LOGPROB_TOKENS
 
 
 def test_a_plan_grows_and_shards_as_the_run_does():

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import inspect
 import json
 import os
 import shutil
 from pathlib import Path
+from functools import lru_cache
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from hacrl_lightning.agents.lora import ADAPTER_DIR, is_lora, save_adapter, served_state_dict
@@ -35,10 +38,17 @@ from hacrl_lightning.agents.tokenizers import DEFAULT_CHECK_TEXTS, check_lossles
     encode_text, save_tokenizer, special_strings
 from hacrl_lightning.config import AgentConfig
 
-__all__ = ["AGENT_FILE", "Agent", "AgentLoadError", "encode_chat_prompts", "gather_logprobs", "render_chat_prompts"]
+__all__ = ["AGENT_FILE", "Agent", "AgentLoadError", "LOGPROB_TOKENS", "encode_chat_prompts", "gather_logprobs",
+           "head_logprobs", "render_chat_prompts", "token_logprobs"]
 
 AGENT_FILE = "hacrl_agent.json"
 """Written by `export`: the agent's name and the settings a deployment needs beside the HF files."""
+LOGPROB_TOKENS = 1024
+"""Positions (of all rows of a pass together) whose logits `head_logprobs` makes at a time: with Qwen3's 151,936-token
+vocabulary one chunk's fp32 logits are 0.62 GB, where a micro-batch of 16 rows of 1,024 tokens would hold 10 GB."""
+COMPILE_BUCKET = 64
+"""Under torch.compile a pass's rows are padded to a multiple of this many columns (`token_logprobs`), so the
+compiled blocks see few distinct lengths and recompile a bounded number of times."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -57,6 +67,8 @@ class Agent(nn.Module):
         self.cfg = cfg
         self.model = model
         self.tokenizer = tokenizer
+        self.compile_backend: str | None = None
+        """torch.compile's backend for the log-prob passes (`compiling.compile_agent`), None: eager."""
         self._setup_tokens()
 
     # -- loading -------------------------------------------------------------------------------------
@@ -186,12 +198,14 @@ class Agent(nn.Module):
     def _keeps_logits(self) -> bool:
         """The model's forward takes transformers' `logits_to_keep` (the output layer on the last positions only);
         else the full logits are sliced."""
-        if not hasattr(self, "_logits_to_keep"):
-            import inspect
+        base = self.model.get_base_model() if is_lora(self.model) else self.model
+        return _takes_logits_to_keep(type(base))
 
-            base = self.model.get_base_model() if is_lora(self.model) else self.model
-            self._logits_to_keep = "logits_to_keep" in inspect.signature(type(base).forward).parameters
-        return self._logits_to_keep
+    def _separate_head(self) -> bool:
+        """`separate_head` of the model, asked once."""
+        if not hasattr(self, "_head_apart"):
+            self._head_apart = separate_head(self.model)
+        return self._head_apart
 
     def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                        temperature: float = 1.0, first_target: int = 1) -> torch.Tensor:
@@ -201,14 +215,18 @@ class Agent(nn.Module):
         `first_target`: with the first response column there (`first_target_column`), the output layer and the
         softmax run on the response positions only, not on the prompts (the same numbers there; on SmolLM2 with
         two worked examples, a 166-token row of which 32 are response, 30 % of a forward and backward).
-        Gradients flow when grad is enabled.
+        The output layer runs `LOGPROB_TOKENS` positions at a time (`token_logprobs`, the module's function), so
+        the logits of a micro-batch never exist at once. Gradients flow when grad is enabled.
         """
-        width = input_ids.shape[1]
-        first = max(1, min(first_target, width - 1))
-        logits = self(input_ids, attention_mask, keep=width - first + 1 if first > 1 else 0)  # [B, T-first+1, V]
-        logprobs = gather_logprobs(logits[:, :-1], input_ids[:, first:], temperature=temperature)  # [B, T-first]
-        real = attention_mask[:, first - 1:-1].bool() & attention_mask[:, first:].bool()      # [B, T-first]
-        return F.pad(logprobs * real, (first, 0))                                              # [B, T]
+        if not self._separate_head():  # the model's logits, then the log-softmax (`LOGIT_TRANSFORMS`)
+            width = input_ids.shape[1]
+            first = max(1, min(first_target, width - 1))
+            logits = self(input_ids, attention_mask, keep=width - first + 1 if first > 1 else 0)  # [B, T-first+1, V]
+            logprobs = gather_logprobs(logits[:, :-1], input_ids[:, first:], temperature=temperature)  # [B, T-first]
+            real = attention_mask[:, first - 1:-1].bool() & attention_mask[:, first:].bool()  # [B, T-first]
+            return F.pad(logprobs * real, (first, 0))                                          # [B, T]
+        return token_logprobs(self.model, input_ids, attention_mask, temperature=temperature,
+                              first_target=first_target, compile_backend=self.compile_backend)
 
     # -- export ---------------------------------------------------------------------------------------
 
@@ -448,3 +466,94 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature:
         out.append(picked - torch.logsumexp(chunk, dim=-1))
     return torch.cat(out) if out else logits.new_zeros(targets.shape, dtype=torch.float32)
 
+
+
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config fields of architectures whose forward changes the logits after the output layer (Gemma 2's soft cap,
+Cohere's and Granite's scales): their log-probs take the full logits (`separate_head`)."""
+
+
+def separate_head(model: nn.Module) -> bool:
+    """The output layer of `model` (a transformers causal LM, or its peft wrapper) can run apart from its forward:
+    the forward takes `logits_to_keep`, the decoder inside (`base_model`) returns the hidden states after the
+    final norm, and nothing is done to the logits after the output layer (`LOGIT_TRANSFORMS`)."""
+    lm = model.get_base_model() if is_lora(model) else model
+    text = lm.config.get_text_config()
+    return (_takes_logits_to_keep(type(lm)) and lm.get_output_embeddings() is not None
+            and getattr(lm, "base_model", lm) is not lm and not any(getattr(text, k, None) for k in LOGIT_TRANSFORMS))
+
+
+@lru_cache(maxsize=None)
+def _takes_logits_to_keep(model_class: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
+
+
+def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                   temperature: float = 1.0, first_target: int = 1, chunk: int = LOGPROB_TOKENS,
+                   compile_backend: str | None = None) -> torch.Tensor:
+    """`Agent.token_logprobs` of `model` (a causal LM for which `separate_head` holds), `[B, T]` fp32.
+
+    One call of the model, whose output layer computes the last position only (`logits_to_keep=1`); two forward
+    hooks, removed on return, take the decoder's hidden states after the final norm and, still inside the model's
+    call (before FSDP2's own post-forward hook, so its backward hooks land on the result), replace the logits by
+    `head_logprobs` of them. `compile_backend`: the rows are padded on the right to a multiple of
+    `COMPILE_BUCKET` columns (attention mask 0: the real positions see the same tokens) and the chunks'
+    log-softmax is compiled with that torch.compile backend; None: eager, no padding."""
+    width = input_ids.shape[1]
+    first = max(1, min(first_target, width - 1))
+    if compile_backend is not None and width % COMPILE_BUCKET:
+        extra = COMPILE_BUCKET - width % COMPILE_BUCKET
+        input_ids, attention_mask = F.pad(input_ids, (0, extra)), F.pad(attention_mask, (0, extra))
+    real = attention_mask[:, first - 1:-1].bool() & attention_mask[:, first:].bool()          # [B, T-first]
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)                       # [B, T]
+    lm = model.get_base_model() if is_lora(model) else model
+    found: dict = {}
+
+    def keep_hidden(module, args, output):  # the decoder's last hidden states, after its final norm
+        found["hidden"] = output[0]                                                          # [B, T, H]
+
+    def head(module, args, output):
+        hidden = found.pop("hidden")[:, first - 1:-1]                                        # [B, T-first, H]
+        output["logits"] = head_logprobs(lm.get_output_embeddings(), hidden, input_ids[:, first:], real,
+                                         temperature=temperature, chunk=chunk, compile_backend=compile_backend)
+        return output
+
+    hooks = [lm.base_model.register_forward_hook(keep_hidden), lm.register_forward_hook(head, prepend=True)]
+    try:
+        logprobs = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False, logits_to_keep=1).logits                          # [B, T-first]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return F.pad(logprobs, (first, 0))[:, :width]                                             # [B, T]
+
+
+def head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, real: torch.Tensor, *,
+                  temperature: float = 1.0, chunk: int = LOGPROB_TOKENS,
+                  compile_backend: str | None = None) -> torch.Tensor:
+    """`[B, S]` log_softmax(head(hidden) / temperature)[targets] in fp32 at the positions `real`, 0 elsewhere:
+    the output layer and the log-softmax run on the real positions only, `chunk` of them at a time (`chunk_logprobs`).
+    With grad each chunk is a checkpoint: its logits are freed after its forward and made again in the backward,
+    so one chunk's logits exist at a time (the price: the output layer's forward twice). hidden [B, S, H],
+    targets and real [B, S]."""
+    picked, picked_targets = hidden[real], targets[real]                                     # [N, H], [N]
+    step = _compiled_chunk_logprobs(compile_backend) if compile_backend is not None else chunk_logprobs
+    grad = torch.is_grad_enabled() and (picked.requires_grad or any(p.requires_grad for p in head.parameters()))
+    parts = []
+    for start in range(0, picked.shape[0], chunk):
+        args = (head, picked[start:start + chunk], picked_targets[start:start + chunk], temperature)
+        parts.append(checkpoint(step, *args, use_reentrant=False, preserve_rng_state=False) if grad else step(*args))
+    values = torch.cat(parts) if parts else picked.sum(-1).float()                           # [N]
+    return torch.zeros(real.shape, dtype=torch.float32, device=hidden.device).masked_scatter(real, values)
+
+
+def chunk_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`[n]` log_softmax(head(hidden) / temperature)[targets] in fp32 (`gather_logprobs`' arithmetic) for one chunk of
+    positions: hidden [n, H], targets [n]."""
+    logits = head(hidden).float() / temperature                                              # [n, V]
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+@lru_cache(maxsize=None)
+def _compiled_chunk_logprobs(backend: str):
+    return torch.compile(chunk_logprobs, backend=backend)
