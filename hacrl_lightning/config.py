@@ -409,6 +409,15 @@ class RolloutConfig:
     weight_sync_mb: float = setting(256.0, harmless=True, unhashed=True)
     """The shared-memory sync's bucket in MiB (a larger weight goes in row ranges; only a single row larger than
     the bucket raises it): the sync's buffer in the trainer, and about one bucket per `collective_rpc` call."""
+    hf_cache: str = setting("dynamic", harmless=True, unhashed=True, implied="dynamic")
+    """Transformers backend: the KV cache of `generate`. `dynamic` grows with the sequence; `static` is allocated
+    once at the agent's `max_prompt_len + max_response_len`, the batch padded to a power of two and the prompts to
+    a multiple of 64 columns (few distinct shapes), so that its decode step can be compiled (`hf_compile`). Greedy
+    answers are the same tokens either way (docs/PERFORMANCE.md#the-transformers-engines-static-cache)."""
+    hf_compile: str = setting("auto", harmless=True, unhashed=True, implied="false")
+    """Transformers backend with `hf_cache=static`: torch.compile of the decode step (CUDA graphs on a GPU).
+    `auto`: on where the model is on CUDA, `true`, `false`. The compile's seconds and recompiles are the
+    engine's `compile_stats`, outside the rollout's clock in `bench.py rollout` (rollout/hf.py)."""
 
 
 @dataclass
@@ -622,6 +631,8 @@ PLACEMENTS = ("shared", "split")
 RESUME_AGENTS = ("same", "change")
 WEIGHT_SYNCS = ("shared_memory", "file")
 PRECISIONS = ("32-true", "bf16-mixed")
+COMPILES = ("auto", "true", "false")
+HF_CACHES = ("dynamic", "static")
 
 
 def flat_values(cfg: Any) -> Dict[str, Any]:
@@ -820,6 +831,14 @@ def _check_rollout(c: Checks, cfg: TrainConfig) -> None:
               "(one agent per rank)")
     c.choice("rollout.weight_sync", cfg.rollout.weight_sync, WEIGHT_SYNCS)
     c.positive("rollout.weight_sync_mb", cfg.rollout.weight_sync_mb)
+    c.choice("rollout.hf_cache", cfg.rollout.hf_cache, HF_CACHES)
+    c.choice("rollout.hf_compile", str(cfg.rollout.hf_compile).lower(), COMPILES)  # `true` arrives as "True"
+    if str(cfg.rollout.hf_compile).lower() == "true" and cfg.rollout.hf_cache != "static":
+        c.bad("rollout.hf_compile", True, "false or auto with rollout.hf_cache=" + str(cfg.rollout.hf_cache)
+              + " (only the static cache's decode step compiles)", "add rollout.hf_cache=static, or drop rollout.hf_compile")
+    if cfg.rollout.hf_cache == "static" and cfg.rollout.backend != "hf":
+        c.bad("rollout.hf_cache", "static", "dynamic with rollout.backend=" + str(cfg.rollout.backend) + " (the "
+              "static cache is the transformers engine's; vLLM pages its own)", "drop rollout.hf_cache, or use rollout=hf")
     if cfg.rollout.sleep and cfg.rollout.backend != "vllm":
         c.bad("rollout.sleep", True, "false with rollout.backend=" + str(cfg.rollout.backend) + " (sleep mode is vLLM's: "
               "the transformers engine is the training model itself)", "drop rollout.sleep, or use rollout=vllm on CUDA")

@@ -193,6 +193,7 @@ class RolloutDataModule(pl.LightningDataModule):
                                          in_process=self.rollout_cfg.vllm_in_process, sleep=self.rollout_cfg.sleep,
                                          weight_sync=self.rollout_cfg.weight_sync,
                                          weight_sync_mb=self.rollout_cfg.weight_sync_mb,
+                                         hf_cache=self.rollout_cfg.hf_cache, hf_compile=self.rollout_cfg.hf_compile,
                                          gpu_memory_utilization=(self.engine_shares or {}).get(name),
                                          writes=self.placement.rank_in(name) == 0 if split else None)
                 if "model_dir" in options and self._world > 1:

@@ -79,7 +79,8 @@ def engine_options(agent, backend: str, *, batch_size: int, seed: int = 0,
                    gpu_memory_utilization: float | None = None, export_to: str | os.PathLike | None = None,
                    in_process: bool = False, writes: bool | None = None, sleep: bool = False,
                    weight_sync: str = RolloutConfig.weight_sync,
-                   weight_sync_mb: float = RolloutConfig.weight_sync_mb) -> dict:
+                   weight_sync_mb: float = RolloutConfig.weight_sync_mb, hf_cache: str = RolloutConfig.hf_cache,
+                   hf_compile: str = RolloutConfig.hf_compile) -> dict:
     """`make_engine` options for one agent (an `Agent`: token ids, lengths, export).
 
     vLLM loads weights from a Hugging Face dir, so the agent is first exported to `export_to`
@@ -87,9 +88,13 @@ def engine_options(agent, backend: str, *, batch_size: int, seed: int = 0,
     agent's own `gpu_memory_utilization` unless one is given for all. `in_process`: the engine's
     worker in this process (`RolloutConfig.vllm_in_process`); `writes`: whether this rank writes that export
     (`Agent.export`); `sleep`: the engine sleeps between rollouts (`RolloutConfig.sleep`, vLLM on CUDA);
-    `weight_sync`, `weight_sync_mb`: how an engine in its own process gets new weights (`RolloutConfig`).
+    `weight_sync`, `weight_sync_mb`: how an engine in its own process gets new weights (`RolloutConfig`);
+    `hf_cache`, `hf_compile`: the transformers engine's KV cache, sized to the agent's lengths, and its compiled
+    decode step (`RolloutConfig`).
     """
     options = dict(eos_token_ids=agent.eos_token_ids, pad_token_id=agent.pad_token_id, batch_size=batch_size)
+    if backend == "hf" and hf_cache != "dynamic":
+        options.update(cache=hf_cache, compile_decode=hf_compile, max_len=agent.max_prompt_len + agent.max_response_len)
     if backend == "vllm":
         share = agent.cfg.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
         share = DEFAULT_SHARE if share is None else share
