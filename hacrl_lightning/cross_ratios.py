@@ -8,6 +8,8 @@ them, this shows the ratios themselves. `CrossRatioLog` records, on the steps th
 the device), and at the step's end (`end_step`) moves them to the host in one copy, gathers every rank's (and every
 group's, under `split`), writes TensorBoard histograms and returns the step's shares below, inside and above the
 bounds as `{learner}/diag/cross_ratio/{source}/*` scalars (summary.json: their mean over the diagnostics steps).
+Algorithms that share rollouts without HACPO's clamp (naive, hacpo_no_clip) log the same against bounds they do not
+clamp to.
 `pair_ratios.score_pair` measures the same ratios before any run, without training (`scripts/pair_ratios.py`).
 
 Deliberately not here: the ratio's math and the clamp (`algorithms/`: this records the value `hacpo_loss` clamps,
