@@ -416,8 +416,9 @@ class RolloutConfig:
     answers are the same tokens either way (docs/PERFORMANCE.md#the-transformers-engines-static-cache)."""
     hf_compile: str = setting("auto", harmless=True, unhashed=True, implied="false")
     """Transformers backend with `hf_cache=static`: torch.compile of the decode step (CUDA graphs on a GPU).
-    `auto`: on where the model is on CUDA, `true`, `false`. The compile's seconds and recompiles are the
-    engine's `compile_stats`, outside the rollout's clock in `bench.py rollout` (rollout/hf.py)."""
+    `auto`: on where the model is on CUDA and not sharded (FSDP2's compiled decode is untried), `true`, `false`.
+    The compile's seconds and recompiles are the engine's `compile_stats`, outside the rollout's clock in
+    `bench.py rollout` (rollout/hf.py)."""
 
 
 @dataclass

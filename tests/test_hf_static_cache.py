@@ -62,6 +62,7 @@ def test_shapes_are_bucketed_and_compile_is_decided_per_device():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert [decode_compiled(s, d) for s in ("auto", "true", True, "false") for d in (cpu, cuda)] == \
         [False, True, True, True, True, True, False, False]
+    assert not decode_compiled("auto", cuda, sharded=True) and decode_compiled("true", cuda, sharded=True)
 
 
 def test_engine_options_and_the_settings_checks(load_zoo_agent):

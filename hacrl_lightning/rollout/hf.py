@@ -111,10 +111,11 @@ def padded_width(width: int, *, max_new_tokens: int, max_len: int) -> int:
     return max(width, min(rounded, max_len - max_new_tokens))
 
 
-def decode_compiled(setting: str | bool, device: torch.device) -> bool:
-    """`rollout.hf_compile` decided for a model on `device`: `true`, `false`, or `auto` (on CUDA)."""
+def decode_compiled(setting: str | bool, device: torch.device, *, sharded: bool = False) -> bool:
+    """`rollout.hf_compile` decided for a model on `device`: `true`, `false`, or `auto` (on CUDA, where the model is
+    not sharded: an FSDP2 model's compiled decode step is untried)."""
     value = str(setting).lower()
-    return device.type == "cuda" if value == "auto" else value == "true"
+    return device.type == "cuda" and not sharded if value == "auto" else value == "true"
 
 
 def compile_counters() -> dict[str, float]:
@@ -194,7 +195,7 @@ class HFEngine:
         synced = _is_sharded(self.model) if self.synced_gpus is None else self.synced_gpus
         device = next(self.model.parameters()).device
         static = self.cache == "static"
-        compiled = static and decode_compiled(self.compile_decode, device)
+        compiled = static and decode_compiled(self.compile_decode, device, sharded=synced)
         longest = max((len(p) for p in prompt_ids), default=0)
         max_len = max(self.max_len, longest + sampling.max_new_tokens)
         config = self._config(sampling, n, stop_ids, compiled=compiled, max_len=max_len)
