@@ -34,7 +34,8 @@ def greedy(agent) -> SamplingSettings:
     return SamplingSettings(max_new_tokens=length, temperature=0.0, min_new_tokens=length)
 
 
-@pytest.mark.parametrize("name", ZOO_AGENTS)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name == "tiny_b" else pytest.mark.slow)
+                                  for name in ZOO_AGENTS])  # the fast lane: one agent (several seconds each)
 def test_static_cache_gives_the_dynamic_caches_greedy_tokens_and_the_kept_rows_logprobs(load_zoo_agent, name):
     agent = load_zoo_agent(name)
     prompts = agent.encode_prompts(QUESTIONS)
