@@ -121,6 +121,7 @@ class Record(Callback):
             "responses": {name: c["responses_trained"] for name, c in pl_module.counters.items()},
             "capability": [list(h) for h in self.window.history],
             "metrics": dict(pl_module.last_metrics),
+            "cross_ratios": dict(pl_module.cross_ratios.last),  # the diagnostics step's, gathered over ranks
             "grads": self.grads,
             "layout": {"num_nodes": trainer.num_nodes, "node_rank": trainer.node_rank,
                        "world_size": trainer.world_size, "global_rank": trainer.global_rank},

@@ -170,6 +170,7 @@ def test_split_placement_makes_the_one_rank_update(runs, split_runs, layout, cas
     split = split_runs[layout][case]
     assert_same_update(runs[0][case], split, case, updates)
     assert_rates_equal(runs[0][case]["metrics"], split["metrics"])
+    assert_same_cross_ratios(runs[0][case]["cross_ratios"], split["cross_ratios"])
     for name in ("tiny_a", "tiny_b"):
         replayed = adamw_replay(split["initial_weights"][name], split["grads"][name])
         for key in split["grads"][name][0]["grads"]:
@@ -214,8 +215,24 @@ def test_the_gradient_bound_has_power(runs):
 @pytest.mark.parametrize("case", ["hacpo", "gspo_x2", "grpo"])
 def test_every_logged_rate_is_the_global_one(runs, case):
     assert_rates_equal(runs[0][case]["metrics"], runs[1][case]["metrics"])
+    # partners' cross ratios (cross_ratios.py): every rank's rows, gathered; none without partners' rows
+    assert_same_cross_ratios(runs[0][case]["cross_ratios"], runs[1][case]["cross_ratios"])
+    assert_same_cross_ratios(runs[0][case]["cross_ratios"], runs[2][case]["cross_ratios"])
+    assert bool(runs[0][case]["cross_ratios"]) == (case == "hacpo")
     # the gradient share (global gradient norms under FSDP) where learners train on partners' rows
     assert any("/diag/cross_grad_share" in k for k in runs[1][case]["metrics"]) == (case == "hacpo")
+
+
+def assert_same_cross_ratios(one: dict, two: dict) -> None:
+    """The diagnostics step's partner rows of each learner (`cross_ratios.RatioRecords`): the same rows, sources,
+    bounds and answers, and log ratios equal to 1e-4, as the logged rates (the weights after a first update differ
+    as the gradients do)."""
+    assert one.keys() == two.keys()
+    for learner in one:
+        a, b = one[learner], two[learner]
+        for key in ("row", "source", "lower", "correct"):
+            assert torch.equal(getattr(a, key), getattr(b, key)), (learner, key)
+        torch.testing.assert_close(b.log_ratio, a.log_ratio, atol=1e-4, rtol=0, msg=learner)
 
 
 def assert_rates_equal(one: dict, two: dict) -> None:
