@@ -78,22 +78,23 @@ def _agents_problem(old: list[str], new: TrainConfig, kept: list[str]) -> Proble
     if not kept:
         return Problem("agents", names, f"at least one of the run's agents {old} (resume_agents=change keeps them)",
                        f"{again} and the agents to add, or start a new run (another run_dir)")
-    if new.trainer.strategy == "fsdp":
-        return Problem("resume_agents", "change", "a run on one device (trainer.strategy auto or single): a "
-                       "distributed checkpoint (trainer.strategy=fsdp) resumes with its own agents",
+    if new.trainer.strategy == "fsdp" and new.trainer.placement != "split":
+        return Problem("resume_agents", "change", "a run on one device, or under trainer.placement=split: a "
+                       "distributed checkpoint whose ranks each hold every agent resumes with its own agents",
                        f"{again}, or start a new run from the run's exports (agents.<key>.model=<run>/exports/<key>)")
     return None
 
 
 def adapt_checkpoint(checkpoint: dict[str, Any], names: list[str], *, weights: dict[str, Any],
                      optimizers: dict[str, Any], schedules: dict[str, Any], counters: dict[str, Any]) -> dict[str, Any]:
-    """Lightning's `checkpoint` (one device) given the layout of the agents `names` (`resume_agents=change`):
+    """Lightning's `checkpoint` given the layout of the agents `names` (`resume_agents=change`):
     each kept agent's weights, optimizer state, LR schedule, counters, non-finite streak and diagnostics as
     saved; each new agent's weights from `weights` (the new run's module `state_dict`, its agents loaded from
     their presets) and its optimizer state, LR schedule and counters from `optimizers`, `schedules` and
     `counters` (fresh ones, by agent); a dropped agent's entries left out (they stay in the file, which is only
     read). The callbacks' states are theirs to map (`CapabilityCallback.load_state_dict`). Changes `checkpoint`
-    in place and returns it."""
+    in place and returns it. Under `trainer.placement=split` the strategy has read the weights, optimizer states and
+    LR schedules itself (`strategies.SplitStrategy`): a checkpoint without `state_dict` maps the rest."""
     state = checkpoint["hacrl"]
     index = {name: i for i, name in enumerate(state["agents"])}
 
@@ -101,12 +102,14 @@ def adapt_checkpoint(checkpoint: dict[str, Any], names: list[str], *, weights: d
         part = key.split(".", 2)
         return part[1] if part[0] in ("agents", "references") and len(part) == 3 else None
 
-    saved = checkpoint["state_dict"]
-    checkpoint["state_dict"] = {key: value for key, value in saved.items() if owner(key) is None or owner(key) in names}
-    checkpoint["state_dict"].update({key: value for key, value in weights.items()
-                                     if owner(key) in names and owner(key) not in index})
-    for key, fresh in (("optimizer_states", optimizers), ("lr_schedulers", schedules)):
-        checkpoint[key] = [checkpoint[key][index[name]] if name in index else fresh[name] for name in names]
+    if "state_dict" in checkpoint:
+        saved = checkpoint["state_dict"]
+        checkpoint["state_dict"] = {key: value for key, value in saved.items()
+                                    if owner(key) is None or owner(key) in names}
+        checkpoint["state_dict"].update({key: value for key, value in weights.items()
+                                         if owner(key) in names and owner(key) not in index})
+        for key, fresh in (("optimizer_states", optimizers), ("lr_schedulers", schedules)):
+            checkpoint[key] = [checkpoint[key][index[name]] if name in index else fresh[name] for name in names]
     state["counters"] = {name: state["counters"][name] if name in index else counters[name] for name in names}
     state["fault_streak"] = {name: state.get("fault_streak", {}).get(name, 0) for name in names}
     state["diagnostics"] = {key: pairs for key, pairs in state.get("diagnostics", {}).items()

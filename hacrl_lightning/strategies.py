@@ -31,7 +31,13 @@ class SplitStrategy(ModelParallelStrategy):
     writes the rest (LR schedules among it) from rank 0 alone: under `split` optimizer 0 is another agent's on
     every group, so here the states are keyed by agent (`optimizer_<agent>`) and every agent's LR schedule is
     gathered from its group into the metadata rank 0 writes (`lr_schedulers_by_agent`); loading reads each
-    rank's own back. The module's placement (`Placement.local`) names this rank's optimizers, in order."""
+    rank's own back. The module's placement (`Placement.local`) names this rank's optimizers, in order.
+    A resume with another agent set (`resume_agents=change`): the agents in `fresh` (added by it) read nothing
+    (their group joins the collective reads with an empty request) and keep their preset's weights and fresh
+    optimizer and LR schedule; `adapt` maps the rest of the metadata (`resume.adapt_checkpoint`)."""
+
+    fresh: frozenset = frozenset()
+    adapt = None
 
     def _local_names(self) -> tuple[str, ...]:
         return tuple(self.lightning_module.placement.local)
@@ -69,12 +75,22 @@ class SplitStrategy(ModelParallelStrategy):
 
         path = Path(self.broadcast(checkpoint_path))
         names = self._local_names()
-        state = {"state_dict": self.model, **{f"optimizer_{name}": opt for name, opt in zip(names, self.optimizers)}}
-        metadata = _load_checkpoint(path=path, state=state, strict=self.lightning_module.strict_loading,
-                                    weights_only=weights_only)
+        if set(names) & self.fresh:  # a group of its own: as many (empty) collective reads as a kept agent's
+            from lightning.fabric.strategies.fsdp import _distributed_checkpoint_load
+            from lightning.fabric.utilities.load import _METADATA_FILENAME
+
+            for _ in range(1 + len(self.optimizers)):
+                _distributed_checkpoint_load({}, path)
+            metadata = torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
+        else:
+            state = {"state_dict": self.model, **{f"optimizer_{name}": opt for name, opt in zip(names, self.optimizers)}}
+            metadata = _load_checkpoint(path=path, state=state, strict=self.lightning_module.strict_loading,
+                                        weights_only=weights_only)
         by_agent = metadata.pop("lr_schedulers_by_agent", {})
-        metadata["lr_schedulers"] = [by_agent[name] for name in names]
-        return metadata
+        schedules = [config.scheduler.state_dict() for config in self.lightning_module.trainer.lr_scheduler_configs]
+        metadata["lr_schedulers"] = [schedule if name in self.fresh else by_agent[name]
+                                     for name, schedule in zip(names, schedules)]
+        return self.adapt(metadata) if self.adapt is not None else metadata
 
 
 def lightning_precision(cfg: TrainerConfig) -> str:

@@ -19,6 +19,7 @@ import sys
 import time
 import threading
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,6 @@ from hacrl_lightning.data.records import PromptDataset
 from hacrl_lightning.errors import ConfigError, Problem, RunFailed
 from hacrl_lightning.files import write_atomically
 from hacrl_lightning.data.tasks import load_task, task_check_texts
-from hacrl_lightning.compiling import compile_agent, compile_wanted
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule, UpdateSettings
 from hacrl_lightning.offload import Residency
@@ -172,10 +172,6 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
                        last=cfg.trainer.keep_at_end,
                        minutes=cfg.trainer.checkpoint_minutes),
     ]
-    if compile_wanted(cfg.trainer.compile, cfg.trainer.accelerator):  # after the module copied the KL references
-        for agent in [*module.agents.values(), *module.references.values()]:
-            compile_agent(agent)
-        roles["timer"].compiled = True  # the compile's seconds kept out of the step's clock
     return module, datamodule, callbacks, roles
 
 
@@ -227,7 +223,7 @@ def train(cfg: TrainConfig, *, extra_callbacks: list[pl.Callback] = (), started:
             module, datamodule, callbacks, roles = build_system(cfg, run_dir, started=started)
             trainer = build_trainer(cfg, run_dir, [*callbacks, *extra_callbacks])
             if "agents" in changes:  # resume_agents=change: the checkpoint takes this run's agent set as it loads
-                trainer.strategy.checkpoint_io.adapt = _agents_adapter(module)
+                _adapt_on_load(trainer, module, added=set(changes["agents"][1]) - set(changes["agents"][0]))
         except BaseException:
             run.abandon()
             raise
@@ -300,10 +296,20 @@ def _check_resume(cfg: TrainConfig, checkpoint: Path) -> dict[str, tuple[Any, An
     return changes
 
 
-def _agents_adapter(module: HACRLModule):
-    """`LocalCheckpointIO.adapt` for a resume with another agent set: `resume.adapt_checkpoint`, a new agent's
-    weights those its preset loaded, its optimizer state and LR schedule those `configure_optimizers` makes
-    (computed as the checkpoint loads; Lightning makes the run's own optimizers again after)."""
+def _adapt_on_load(trainer: pl.Trainer, module: HACRLModule, *, added: set[str]) -> None:
+    """A resume with another agent set: the checkpoint takes the run's agents as it loads (`resume.adapt_checkpoint`).
+    On one device through `LocalCheckpointIO.adapt`: a new agent's weights those its preset loaded, its optimizer
+    state and LR schedule those `configure_optimizers` makes (computed as the checkpoint loads; Lightning makes the
+    run's own optimizers again after). Under `split` the strategy reads each kept agent's state and leaves the
+    `added` ones as they are (`SplitStrategy.fresh`)."""
+    from hacrl_lightning.strategies import SplitStrategy
+
+    if isinstance(trainer.strategy, SplitStrategy):
+        trainer.strategy.fresh = frozenset(added)
+        trainer.strategy.adapt = partial(adapt_checkpoint, names=module.names, weights={}, optimizers={},
+                                         schedules={}, counters=module.counters)
+        return
+
     def adapt(checkpoint: dict) -> dict:
         optimizers, schedules = module.configure_optimizers()
         fresh = {name: (opt.state_dict(), sched["scheduler"].state_dict())
@@ -311,7 +317,7 @@ def _agents_adapter(module: HACRLModule):
         return adapt_checkpoint(checkpoint, module.names, weights=module.state_dict(),
                                 optimizers={name: opt for name, (opt, _) in fresh.items()},
                                 schedules={name: sched for name, (_, sched) in fresh.items()}, counters=module.counters)
-    return adapt
+    trainer.strategy.checkpoint_io.adapt = adapt
 
 
 def checkpoints_problem(run_dir: Path) -> Problem | None:

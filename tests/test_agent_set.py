@@ -1,9 +1,10 @@
 """Agents that join or leave a trained run (`resume_agents=change`): kept agents continue exactly, a new one starts
 from its preset with an empty capability window (docs/spec.md §2), a dropped one's state stays in the old checkpoint.
 
-One chain of real runs on the tiny zoo agents, shared by the tests: tiny_a + tiny_b for 2 steps (a checkpoint
-each step: the run that never changed), forked at step 1 with tiny_c added and trained to step 2, then that run
-continued in place with tiny_b dropped to step 3. The refusals are in-process and load no model.
+One chain of real runs on the tiny zoo agents, shared by the tests: tiny_a + tiny_b for 1 step (the run that never
+changed, its state at the join step checkpointed), forked there with tiny_c added and trained to step 2, then that run
+continued in place with tiny_b dropped to step 3. Under `trainer.placement=split` one launch of 2 gloo ranks
+(`agent_set_split.py`) trains and changes its own run. The refusals are in-process and load no model.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ from hacrl_lightning.errors import ConfigError
 from hacrl_lightning.resume import config_dict, resume_changes
 from hacrl_lightning.training import train
 
+REPO = Path(__file__).resolve().parents[1]
 SMALL = ["trainer.steps=2", "data.prompts_per_step=4", "trainer.mini_batch_prompts=2", "rollout.group_size=2",
          "trainer.eval_every=0", "data.eval_size=4", "trainer.export_agents=false", "trainer.micro_batch_size=8",
          "trainer.checkpoint_every=1"]
@@ -93,7 +97,7 @@ def omega_by_hand(caps: list[float]) -> torch.Tensor:
 def chain(tmp_path_factory, zoo_cache):
     root = tmp_path_factory.mktemp("agent_set")
     base = root / "base"
-    straight = train(config(base, zoo_cache, "agents=[tiny_a,tiny_b]"))
+    straight = train(config(base, zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=1"))
     joined_watch, dropped_watch = Watch(), Watch()
     joined = joined_watch.run(config(root / "joined", zoo_cache, "agents=[tiny_a,tiny_b,tiny_c]", "resume_agents=change",
                                      f"resume={checkpoint_path(base / 'checkpoints', 1)}"))
@@ -204,6 +208,24 @@ def test_a_dropped_agent_leaves_its_state_in_the_old_checkpoint_and_the_rest_con
     assert _check_resume(again, checkpoint_path(chain["dropped_dir"] / "checkpoints", 3)) == {"trainer.steps": (2, 4)}
 
 
+@pytest.mark.slow
+def test_under_split_on_two_gloo_ranks_a_kept_agent_continues_and_a_new_one_takes_the_dropped_ones_rank(
+        tmp_path, zoo_cache):
+    """tiny_a + tiny_b on one rank each for a step, then tiny_b dropped and tiny_c added on its rank: tiny_a starts
+    step 2 with exactly the weights and AdamW state it ended step 1 with (read back from the distributed checkpoint
+    by its own rank), tiny_c with a fresh optimizer; each learner's step-2 batch holds both agents' 8 responses."""
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "agent_set_split.py"), str(tmp_path), str(zoo_cache)],
+                          capture_output=True, text=True, timeout=500, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:] + "\n--- stdout:\n" + done.stdout[-1500:]
+    lines = done.stdout.splitlines()
+    assert "RANK-KEPT tiny_a equal=True" in lines and "RANK-FRESH tiny_c state=0" in lines
+    assert {"RANK-ROWS tiny_a tiny_a=8 tiny_c=8", "RANK-ROWS tiny_c tiny_a=8 tiny_c=8"} <= set(lines)
+    assert lines.count("RANK-DONE steps=2 updates=[8, 4]") == 2  # tiny_a 4 updates a step, tiny_c from step 2
+    summary = json.loads((tmp_path / "changed" / "summary.json").read_text())
+    assert {name: row["present_from_step"] for name, row in summary["agents"].items()} == {"tiny_a": 0, "tiny_c": 1}
+    assert summary["agents_left"] == {"tiny_b": 1} and summary["status"] == "completed"
+
+
 # --- refusals: in-process, no model loads ------------------------------------------------------------------
 
 
@@ -244,3 +266,6 @@ def test_with_the_setting_a_kept_agents_own_settings_are_still_compared(zoo_cach
     assert "resume_agents" in [p.key for p in problems]
     with pytest.raises(ConfigError, match="resume_agents"):
         config(tmp_path, zoo_cache, "resume_agents=maybe")
+    with pytest.raises(ConfigError, match="trainer.devices"):  # a third agent under split on 2 ranks: planned, refused
+        config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b,tiny_c]", "resume_agents=change", "trainer.strategy=fsdp",
+               "trainer.accelerator=cpu", "trainer.devices=2", "trainer.placement=split", f"resume={tmp_path}")
