@@ -13,7 +13,8 @@ of a run's first step would see it. Prints, per learner and source, the quantile
 inside and above the bounds of the clip schedule's first mini-batch, [1 - algorithm.delta, 1] (the widest of a
 step), of every response and of the correct ones; writes the same as JSON (--json PATH; default
 <run_dir>/pair_ratios.json). During a run the same ratios are logged on the diagnostics steps
-(docs/training.md#diagnostics). Exit status: 0, or 2 for a bad config or flag.
+(docs/training.md#diagnostics). Flags: --json PATH, --cfg job (print the composed config), -h/--help. Exit status:
+0, or 2 for a bad config or flag.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hacrl_lightning.cli import compose_config, parse_cli
+from hacrl_lightning.cli import compose_config, parse_cli, wants_help
 from hacrl_lightning.errors import ConfigError
 
 
@@ -66,6 +67,9 @@ def _log(value: float) -> float:
 
 
 def main(argv: list[str]) -> int:
+    if wants_help(argv):
+        print(__doc__)
+        return 0
     try:
         args, json_path = take_json(list(argv))
         overrides, show = parse_cli(args)
@@ -76,6 +80,10 @@ def main(argv: list[str]) -> int:
     if show:
         print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
         return 0
+    if len(cfg.agents) < 2:
+        print(f"error: agents: got {list(cfg.agents)}; allowed: two agents or more (each scores the others' answers); "
+              "fix: e.g. agents=[tiny_a,tiny_b]", file=sys.stderr)
+        return 2
     from hacrl_lightning.pair_ratios import score_pair
     from hacrl_lightning.files import write_atomically
 

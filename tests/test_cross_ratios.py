@@ -121,3 +121,5 @@ def test_pair_ratios_scores_a_pair_without_training(tmp_path, zoo_cache, script_
         line = next(line for line in printed.splitlines() if line.split()[:2] == [learner, source])
         assert line.split()[2] == "4" and float(line.split()[5]) == pytest.approx(row["log_ratio"]["q50"], abs=1e-3)
     assert f"pair ratios: {out}" in printed
+    assert script_main("pair_ratios")(["agents=[tiny_a]", "algorithm=gspo", f"zoo_cache={zoo_cache}"]) == 2
+    assert "agents: got ['tiny_a']; allowed: two agents or more" in capsys.readouterr().err
