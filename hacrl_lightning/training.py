@@ -411,24 +411,31 @@ def _record_start(run_dir: Path, cfg: TrainConfig, config_yaml: str | None, *, c
     if changes:
         print("resume: changed " + ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items()))
     if continuing and "agents" in changes:
-        _keep_agents_change(run_dir, source, cfg)
+        _keep_agents_change(run_dir, source, cfg, config_yaml)
     if config_yaml is not None:
         write_atomically(run_dir / ("config.resumed.yaml" if continuing else "config.yaml"), config_yaml)
     if not continuing:  # the settings the run was started with (a continued run keeps its own)
         write_atomically(run_dir / "run_config.json", json.dumps(config_dict(cfg), indent=2) + "\n")
 
 
-def _keep_agents_change(run_dir: Path, source: Path, cfg: TrainConfig) -> None:
+def _keep_agents_change(run_dir: Path, source: Path, cfg: TrainConfig, config_yaml: str | None) -> None:
     """A run continued with another agent set (`resume_agents=change`): the checkpoint it continues from is kept
-    (linked, else copied) in `checkpoints/before_agents_change/`, where no pruning or resume looks, so a dropped
-    agent's state stays on disk; `run_config.json` takes the new agents (a later resume is compared with them)."""
-    keep = run_dir / "checkpoints" / "before_agents_change" / source.name
+    (linked, else copied) with the run's `config.yaml` in `checkpoints/before_agents_change/<checkpoint>/`, where no
+    pruning or resume looks, so a dropped agent's state stays on disk and evaluates there (`evaluate.py
+    agents=[<that folder>]`); `config.yaml` and `run_config.json` take the new agents (evaluate.py rebuilds the run's
+    agents from the one, a later resume is compared with the other)."""
+    folder = run_dir / "checkpoints" / "before_agents_change" / source.name.removesuffix(".ckpt")
+    keep = folder / source.name
     if not keep.exists():
-        keep.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         try:
             shutil.copytree(source, keep, copy_function=os.link) if source.is_dir() else os.link(source, keep)
         except OSError:  # another filesystem, or one without hard links
             shutil.copytree(source, keep, dirs_exist_ok=True) if source.is_dir() else shutil.copy2(source, keep)
+    if config_yaml is not None and (run_dir / "config.yaml").is_file():
+        if not (folder / "config.yaml").exists():
+            shutil.copy2(run_dir / "config.yaml", folder / "config.yaml")
+        write_atomically(run_dir / "config.yaml", config_yaml)
     saved_path = run_dir / "run_config.json"
     saved = json.loads(saved_path.read_text())
     saved["agents"] = config_dict(cfg)["agents"]

@@ -39,6 +39,14 @@ def config(run_dir: Path, zoo_cache, *overrides: str):
     return cfg
 
 
+def config_and_yaml(run_dir: Path, zoo_cache, *overrides: str):
+    """The config and the resolved YAML scripts/train.py saves as the run's config.yaml (evaluate.py reads it)."""
+    from omegaconf import OmegaConf
+
+    cfg, composed = compose_config([*SMALL, f"zoo_cache={zoo_cache}", f"run_dir={run_dir}", *overrides])
+    return cfg, OmegaConf.to_yaml(composed, resolve=True)
+
+
 class Watch(Callback):
     """What the run holds as training starts (the checkpoint loaded), each step's rewards and omega (after the
     capability callback), and each learner's view (through the real `update_learner`)."""
@@ -55,7 +63,7 @@ class Watch(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.steps.append((pl_module.steps_done + 1, batch.rewards.clone(), batch.omega.clone()))
 
-    def run(self, cfg):
+    def run(self, cfg, config_yaml=None):
         real = module_mod.HACRLModule.update_learner
 
         def spy(module, k, name, view, *args, **kwargs):
@@ -64,7 +72,7 @@ class Watch(Callback):
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(module_mod.HACRLModule, "update_learner", spy)
-            return train(cfg, extra_callbacks=[self])
+            return train(cfg, extra_callbacks=[self], config_yaml=config_yaml)
 
 
 def same(a, b) -> bool:
@@ -99,12 +107,12 @@ def chain(tmp_path_factory, zoo_cache):
     base = root / "base"
     straight = train(config(base, zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=1"))
     joined_watch, dropped_watch = Watch(), Watch()
-    joined = joined_watch.run(config(root / "joined", zoo_cache, "agents=[tiny_a,tiny_b,tiny_c]", "resume_agents=change",
-                                     f"resume={checkpoint_path(base / 'checkpoints', 1)}"))
+    joined = joined_watch.run(*config_and_yaml(root / "joined", zoo_cache, "agents=[tiny_a,tiny_b,tiny_c]",
+                                               "resume_agents=change", f"resume={checkpoint_path(base / 'checkpoints', 1)}"))
     dropped_dir = root / "dropped"
     shutil.copytree(root / "joined", dropped_dir)  # the joined run stays as it ended, for its own tests
-    dropped = dropped_watch.run(config(dropped_dir, zoo_cache, "agents=[tiny_a,tiny_c]", "resume_agents=change",
-                                       "trainer.steps=3", f"resume={dropped_dir}"))
+    dropped = dropped_watch.run(*config_and_yaml(dropped_dir, zoo_cache, "agents=[tiny_a,tiny_c]", "resume_agents=change",
+                                                 "trainer.steps=3", f"resume={dropped_dir}"))
     return {"root": root, "base": base, "straight": straight, "joined": joined, "joined_watch": joined_watch,
             "dropped": dropped, "dropped_watch": dropped_watch, "dropped_dir": dropped_dir}
 
@@ -188,7 +196,7 @@ def test_a_dropped_agent_leaves_its_state_in_the_old_checkpoint_and_the_rest_con
     """tiny_b dropped at step 2 of the joined run (continued in place): tiny_a and tiny_c start step 3 from exactly
     their step-2 state, the step trains on their two sets of responses only, the step-2 checkpoint (tiny_b in it)
     is kept where no pruning looks, and the run's saved settings now name its agents: the same command without
-    resume_agents resumes it."""
+    resume_agents resumes it. evaluate.py's loader rebuilds the run's agents now, and those of the kept checkpoint."""
     saved = load(checkpoint_path(chain["root"] / "joined" / "checkpoints", 2))
     watch = chain["dropped_watch"]
     for index, name in ((0, "tiny_a"), (2, "tiny_c")):
@@ -197,8 +205,16 @@ def test_a_dropped_agent_leaves_its_state_in_the_old_checkpoint_and_the_rest_con
     assert not owned(watch.weights, "tiny_b") and list(watch.optimizers) == ["tiny_a", "tiny_c"]
     ((step, rewards, _),) = watch.steps
     assert step == 3 and rewards.shape[1] == 2
-    kept = chain["dropped_dir"] / "checkpoints" / "before_agents_change" / "step_0000002.ckpt"
+    kept = chain["dropped_dir"] / "checkpoints" / "before_agents_change" / "step_0000002" / "step_0000002.ckpt"
     assert same(owned(load(kept)["state_dict"], "tiny_b"), owned(saved["state_dict"], "tiny_b"))
+    from hacrl_lightning.evaluation import agents_from_checkpoint
+
+    now, info = agents_from_checkpoint(chain["dropped_dir"], zoo_cache=zoo_cache)
+    assert list(now) == ["tiny_a", "tiny_c"] and info["step"] == 3
+    before, info = agents_from_checkpoint(kept.parent, zoo_cache=zoo_cache)
+    assert list(before) == ["tiny_a", "tiny_b", "tiny_c"] and info["step"] == 2
+    assert same(before["tiny_b"].state_dict(), {key.removeprefix("agents.tiny_b."): value for key, value
+                                                in owned(saved["state_dict"], "tiny_b").items()})
     assert chain["dropped"]["steps"] == 3 and set(chain["dropped"]["agents"]) == {"tiny_a", "tiny_c"}
     assert list(json.loads((chain["dropped_dir"] / "run_config.json").read_text())["agents"]) == ["tiny_a", "tiny_c"]
     from hacrl_lightning.training import _check_resume
