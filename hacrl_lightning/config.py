@@ -500,6 +500,10 @@ class TrainerConfig:
     """Prompt groups per mini-batch (one optimizer update per learner per mini-batch)."""
     micro_batch_size: int = 16
     """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    micro_batch_tokens: int = 0
+    """> 0: a pass also holds at most this many tokens, counted padded (rows x its longest row; a longer row runs
+    alone): short rows share a pass, long ones get fewer companions (docs/PERFORMANCE.md#the-update-loop-on-a-gpu).
+    0: off."""
     accelerator: str = "auto"
     """Lightning's accelerator: `auto` (a GPU when there is one), `cpu` or `gpu`."""
     devices: int = 1
@@ -877,6 +881,7 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.steps", tr.steps)
     c.positive("trainer.mini_batch_prompts", tr.mini_batch_prompts)
     c.positive("trainer.micro_batch_size", tr.micro_batch_size)
+    c.positive("trainer.micro_batch_tokens", tr.micro_batch_tokens, strict=False)
     c.positive("trainer.devices", tr.devices)
     c.positive("trainer.num_nodes", tr.num_nodes)
     c.choice("trainer.strategy", tr.strategy, STRATEGIES)

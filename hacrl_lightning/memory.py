@@ -377,6 +377,15 @@ def kv_tokens(arch: Architecture, kv_bytes: int, dtype_bytes: int) -> int:
     return kv_bytes // arch.kv_bytes_per_token(dtype_bytes)
 
 
+def pass_shape(rows: int, tokens: int, budget: int) -> tuple[int, int]:
+    """The largest pass as (rows, tokens per row): `rows` rows of `tokens` (the longest sequence), or under a token
+    budget (`trainer.micro_batch_tokens` > 0, which counts padded tokens) one row of the budget's tokens, of
+    `tokens` at least (a longer row runs alone). What a pass holds grows with rows x tokens alone."""
+    if budget and rows * tokens > budget:
+        return 1, max(tokens, budget)
+    return rows, tokens
+
+
 def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int,
                  world: Optional[int] = None) -> AgentMemory:
     """One agent's figures on one GPU of the `world` ranks that hold it (default: the run's, `shard_world`;
@@ -390,7 +399,7 @@ def agent_memory(name: str, arch: Architecture, cfg: TrainConfig, gpu_bytes: int
     trained, trained_tensors = (adapter, adapter_tensors) if adapter else (arch.parameters, arch.parameter_tensors)
     trained_shard = math.ceil(trained / world)
     tokens = agent.max_prompt_len + agent.max_response_len
-    rows = cfg.trainer.micro_batch_size
+    rows, tokens = pass_shape(cfg.trainer.micro_batch_size, tokens, cfg.trainer.micro_batch_tokens)
     ranks = world if cfg.trainer.placement == "split" else cfg.trainer.world_size
     rows_local = max(1, cfg.data.prompts_per_step // ranks) * cfg.responses_per_prompt
     return AgentMemory(
@@ -435,6 +444,15 @@ def plan_memory(cfg: TrainConfig, architectures: Mapping[str, Architecture], gpu
 
 
 def _smaller_micro_batch(cfg: TrainConfig, plan_of) -> Optional[List[str]]:
+    if cfg.trainer.micro_batch_tokens:  # passes by tokens: a smaller budget, down to one longest row
+        budget = cfg.trainer.micro_batch_tokens
+        longest = max(agent.max_prompt_len + agent.max_response_len for agent in cfg.agents.values())
+        for smaller in [b for b in (budget // 2, budget // 4, budget // 8, longest) if longest <= b < budget]:
+            cfg.trainer.micro_batch_tokens = smaller
+            if plan_of(cfg).fits:
+                break
+        now = cfg.trainer.micro_batch_tokens
+        return [f"trainer.micro_batch_tokens={now}"] if now < budget else None
     size = cfg.trainer.micro_batch_size
     for smaller in [s for s in (size // 2, size // 4, size // 8, 1) if 1 <= s < size]:
         cfg.trainer.micro_batch_size = smaller

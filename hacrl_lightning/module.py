@@ -98,6 +98,8 @@ class UpdateSettings:
     """Responses per mini-batch (mini_batch_prompts / rollout_multiplier prompts of G·multiplier responses)."""
     micro_batch_size: int
     """Sequences per forward/backward pass (gradient accumulation inside a mini-batch)."""
+    micro_batch_tokens: int
+    """`trainer.micro_batch_tokens`: at most this many padded tokens per pass besides the row count (0: off)."""
     max_nonfinite_skips: int
     precision: str
     """`trainer.precision`: how agents and KL references are sharded under FSDP (bf16-mixed or 32-true)."""
@@ -242,10 +244,7 @@ class HACRLModule(pl.LightningModule):
         return optimizers, schedulers
 
     def _optimizers(self):
-        opts = self.optimizers()
-        opts = opts if isinstance(opts, list) else [opts]
-        scheds = self.lr_schedulers()
-        scheds = scheds if isinstance(scheds, list) else [scheds]
+        opts, scheds = (one if isinstance(one, list) else [one] for one in (self.optimizers(), self.lr_schedulers()))
         assert len(opts) == len(self.local) == len(scheds), "one optimizer and schedule per agent, in agent order"
         return dict(zip(self.local, opts)), dict(zip(self.local, scheds))
 
@@ -420,7 +419,8 @@ class HACRLModule(pl.LightningModule):
         rank, world = self._group(self.names[k])
         by_length = self.alg.kl_coef == 0 or self.alg.kl_agg_mode != "micro-token-mean"  # that KL is per pass
         return StepPlan.build(order, mini_batch_size=self.settings.mini_batch_size, rank=rank, world=world,
-                              lengths=view.attention_mask.sum(-1), by_length=by_length)
+                              lengths=view.attention_mask.sum(-1), by_length=by_length,
+                              tokens=self.settings.micro_batch_tokens)
 
     @torch.no_grad()
     def _old_logprobs(self, views: dict[str, AgentView], plans: dict[str, StepPlan], rows: int):

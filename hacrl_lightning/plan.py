@@ -12,7 +12,9 @@ one forward/backward pass, its weight and the pass count the loss normalises by.
 (`lengths`), a rank's rows of a mini-batch run longest first, so rows of like length share a pass and pad
 less (never across mini-batches: their order is the stepwise clip's; the loss of a mini-batch is normalised
 by its global counts, so which of its rows share a pass changes only the float summation order), and
-`padding` says what share of the tokens the passes compute is padding. Under FSDP every
+`padding` says what share of the tokens the passes compute is padding. With a token budget (`tokens`,
+`trainer.micro_batch_tokens`) a pass also holds at most that many padded tokens: short rows share a pass,
+long ones run with fewer, and every rank still runs as many passes per mini-batch (the most any rank needs). Under FSDP every
 forward pass is a collective, so every rank must run the same number of passes for each mini-batch
 even when the slices differ by a row: a shorter rank's list ends with zero-weight passes over a
 stand-in row, which keep the ranks in step and add nothing to the loss or the gradients
@@ -90,15 +92,20 @@ class StepPlan:
     by_length: bool = True
     """With `lengths`: each rank's rows of a mini-batch (of the old log-probs' pass: all of them) run longest first.
     Off where which rows share a pass is part of the loss (the paper code's KL mean per pass)."""
+    tokens: int = 0
+    """> 0 (`trainer.micro_batch_tokens`, needs `lengths`): a pass also holds at most this many tokens, counted
+    padded (its rows x its longest row); a row longer than that runs alone. 0: passes by row count only."""
 
     @classmethod
     def build(cls, order: Tensor, *, mini_batch_size: int, rank: int = 0, world: int = 1,
-              lengths: Optional[Tensor] = None, by_length: bool = True) -> "StepPlan":
+              lengths: Optional[Tensor] = None, by_length: bool = True, tokens: int = 0) -> "StepPlan":
         if mini_batch_size < 1:
             raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not in [0, {world})")
-        return cls(tuple(order.split(mini_batch_size)), rank, world, lengths, by_length)
+        if tokens and lengths is None:
+            raise ValueError("a token budget per pass (tokens > 0) needs the rows' lengths")
+        return cls(tuple(order.split(mini_batch_size)), rank, world, lengths, by_length, tokens)
 
     def __len__(self) -> int:
         return len(self.mini_batches)
@@ -113,10 +120,18 @@ class StepPlan:
         return split_even(self.mini_batches[m], self.world)[self.rank if rank is None else rank]
 
     def _pieces(self, rows: Tensor, size: int) -> list[Tensor]:
-        """`rows` (one rank's) in passes of at most `size` rows, longest first where `by_length`."""
+        """`rows` (one rank's) in passes of at most `size` rows, longest first where `by_length`, and of at most
+        `tokens` padded tokens where set (consecutive rows, a pass closed when the next row would pass either)."""
         if self.lengths is not None and self.by_length and len(rows) > 1:
             rows = rows[torch.argsort(self.lengths[rows], descending=True, stable=True)]
-        return list(rows.split(size))
+        if not self.tokens:
+            return list(rows.split(size))
+        sizes, count, longest = [], 0, 0
+        for length in self.lengths[rows].tolist():
+            if count and (count == size or (count + 1) * max(longest, length) > self.tokens):
+                sizes, count, longest = sizes + [count], 0, 0
+            count, longest = count + 1, max(longest, length)
+        return list(rows.split(sizes + [count])) if count else []
 
     def micro_batches(self, m: int, size: int) -> list[Tensor]:
         """This rank's share of mini-batch m in micro-batches of at most `size` rows; every rank gets

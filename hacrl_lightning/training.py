@@ -110,6 +110,7 @@ def update_settings(cfg: TrainConfig) -> UpdateSettings:
     """The update loop's sizes and limits from the run config."""
     mini_batch_size = (cfg.trainer.mini_batch_prompts // cfg.algorithm.rollout_multiplier) * cfg.responses_per_prompt
     return UpdateSettings(mini_batch_size=mini_batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
+                          micro_batch_tokens=cfg.trainer.micro_batch_tokens,
                           max_nonfinite_skips=cfg.trainer.max_nonfinite_skips, precision=cfg.trainer.precision,
                           seed=cfg.seed, diagnostics_every=cfg.trainer.diagnostics_every)
 

@@ -236,7 +236,7 @@ def _mini_batch(agent, view, tables, plan, size):
             view, micro, micro_batch.rows, plan.mini_batches[0], logp, tables, cross_lower=0.8,
             loss_scale_factor=float(agent.cfg.max_response_len), engine_logp=False, micro_batches=micro_batch.passes))
         (loss * micro_batch.weight).backward()
-        total = total + loss.detach()
+        total = total + loss.detach() * micro_batch.weight
     return total, torch.cat([p.grad.flatten() for p in params])
 
 
@@ -277,3 +277,79 @@ def test_each_pass_s_padding_is_a_metric(one_step):
     module, _ = one_step
     keys = [f"{name}/perf/padding_frac/{phase}" for name in ("tiny_a", "tiny_b") for phase in ("old_logprobs", "update")]
     assert [module.last_metrics[key] for key in keys] == [0.0] * 4
+
+
+def test_passes_by_tokens_pack_a_rank_s_rows_to_the_budget_and_keep_the_ranks_in_step():
+    """Lengths 5 1 4 2 3 6, passes of at most 4 rows and 8 padded tokens, longest first: [6] alone (with the 5:
+    2 x 6 > 8), [5], [4 3] (2 x 4 = 8), [2 1]. Over 2 ranks with 6 tokens: rank 0 (5 1 4) needs [5] [4] [1], rank 1
+    (2 3 6) [6] [3 2] (2 x 3 = 6), so it ends with a zero-weight pass over the stand-in row: 3 passes each."""
+    lengths, order = torch.tensor([5, 1, 4, 2, 3, 6]), torch.arange(6)
+    plan = StepPlan.build(order, mini_batch_size=6, lengths=lengths, tokens=8)
+    assert [p.rows.tolist() for p in plan.passes(0, 4)] == [[5], [0], [2, 4], [3, 1]]
+    assert plan.padding(4) == (21, 6 + 5 + 8 + 4)
+    ranks = [StepPlan.build(order, mini_batch_size=6, rank=r, world=2, lengths=lengths, tokens=6) for r in range(2)]
+    passes = [plan.passes(0, 4) for plan in ranks]
+    assert [[(p.rows.tolist(), p.weight) for p in mine] for mine in passes] == [
+        [([0], 1.0), ([2], 1.0), ([1], 1.0)], [([5], 1.0), ([4, 3], 1.0), ([0], 0.0)]]
+    assert [[p.passes for p in mine] for mine in passes] == [[6, 6, 6], [4, 4, 4]]  # this rank's passes x ranks
+    own = torch.tensor([True, True, False, False, True, True])          # old log-probs: rank 0 rows 0 1, rank 1 4 5
+    assert [[p.rows.tolist() for p in plan.passes_where(own, 4)] for plan in ranks] == [[[0], [1]], [[5], [4]]]
+    with pytest.raises(ValueError, match="lengths"):
+        StepPlan.build(order, mini_batch_size=6, tokens=8)
+
+
+def _summed(agent, view, tables, plans, size):
+    """`_mini_batch` over every rank's passes (FSDP's mean over ranks of world x each rank's loss is their sum)."""
+    losses, grads = zip(*(_mini_batch(agent, view, tables, plan, size) for plan in plans))
+    return sum(losses), sum(grads)
+
+
+def test_passes_by_tokens_keep_the_mini_batch_s_loss_and_gradient_on_one_rank_or_two(load_zoo_agent, zoo_agents):
+    """The eight varied rows in passes of 3 rows, and in passes of up to 8 rows and 2 x the median row's tokens, on
+    one rank and over two: the same loss and gradient to float32 rounding (as for `by_length`, 1e-6 relative)."""
+    agent = load_zoo_agent("tiny_a")
+    agent.eval()
+    view = _varied_view(agent, zoo_agents["tiny_b"])
+    lengths = view.attention_mask.sum(-1)
+    budget = 2 * int(lengths.median())
+    tables = LearnerTables.of_step(
+        view, 0, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 0.8, -0.3, 0.6, -0.9]),
+        old_mean=torch.full((8,), -3.0), old_tokens=torch.full(view.input_ids.shape, -3.0) * view.loss_mask,
+        ref_tokens=None, omega=torch.tensor([[1.0, 1.0, 1.0], [0.7, 1.0, 1.0], [1.0, 1.0, 1.0]]), rewards=torch.ones(8))
+    order = torch.tensor([3, 0, 6, 1, 7, 2, 5, 4])
+    rows = StepPlan.build(order, mini_batch_size=8, lengths=lengths)
+    loss_rows, grad_rows = _mini_batch(agent, view, tables, rows, 3)
+    for world in (1, 2):
+        plans = [StepPlan.build(order, mini_batch_size=8, rank=r, world=world, lengths=lengths, tokens=budget)
+                 for r in range(world)]
+        shapes = [[len(p.rows) for p in plan.passes(0, 8) if p.counts] for plan in plans]
+        assert sum(map(sum, shapes)) == 8 and max(map(max, shapes)) > 1 and min(map(min, shapes)) < 3
+        assert len({len(plan.passes(0, 8)) for plan in plans}) == 1           # every rank as many passes
+        loss, grad = _summed(agent, view, tables, plans, 8)
+        assert float(loss) == pytest.approx(float(loss_rows), rel=1e-6)
+        assert float((grad - grad_rows).abs().max()) <= 1e-6 * float(grad_rows.abs().max())
+
+
+def test_the_memory_plan_sizes_a_pass_by_its_token_budget_and_lowers_it_to_fit():
+    """A budget of 2 longest sequences plans like 2 rows a pass; a pass never holds less than one longest row; and
+    `fixes` (scripts/plan.py) lowers the budget where passes go by tokens."""
+    from hacrl_lightning.cli import compose_config
+    from hacrl_lightning.memory import GIB, fixes, pass_shape, plan_memory
+    from hacrl_lightning.architecture import run_architectures
+
+    assert pass_shape(8, 4096, 0) == (8, 4096) and pass_shape(8, 4096, 16384) == (1, 16384)
+    assert pass_shape(8, 4096, 2048) == (1, 4096) and pass_shape(2, 1000, 4096) == (2, 1000)
+    cfg, _ = compose_config(["experiment=paper_model", "rollout=vllm", "trainer.micro_batch_size=8"])
+    architectures, _ = run_architectures(cfg)
+    longest = max(agent.max_prompt_len + agent.max_response_len for agent in cfg.agents.values())
+    assert len({agent.max_prompt_len + agent.max_response_len for agent in cfg.agents.values()}) == 1
+    cfg.trainer.micro_batch_tokens = 2 * longest
+    by_tokens = plan_memory(cfg, architectures, 80 * GIB)
+    cfg.trainer.micro_batch_tokens, cfg.trainer.micro_batch_size = 0, 2
+    by_rows = plan_memory(cfg, architectures, 80 * GIB)
+    assert [(a.activations, a.forward_peak) for a in by_tokens.agents] == [
+        (a.activations, a.forward_peak) for a in by_rows.agents]
+    cfg.trainer.micro_batch_size, cfg.trainer.micro_batch_tokens = 8, 8 * longest
+    assert not plan_memory(cfg, architectures, 80 * GIB).fits
+    first = fixes(cfg, architectures, 80 * GIB)[0]["overrides"]
+    assert first[0].startswith("trainer.micro_batch_tokens=") and int(first[0].split("=")[1]) < 8 * longest
