@@ -21,7 +21,8 @@ over micro-batches and ranks), `step` (a training step's contract: `PromptBatch`
 `offload` (an idle agent's training state in host memory), `grad_share` (the gradient-share
 diagnostic), `cross_ratios` (partners' cross ratios against the clip bounds), `pair_ratios` (a pair's,
 before a run), `files` (durable atomic writes), `safe_load` (checkpoints and YAML from others, read without running
-their code), `failures` (faults that end a run in one line), `module`, `datamodule`, `callbacks`, `strategies`, `training` (one run,
+their code), `failures` (faults that end a run in one line), `module`, `datamodule`, `callbacks`, `strategies`,
+`compiling` (torch.compile of the agents' log-prob passes), `training` (one run,
 config to summary), `run_dir` (claiming a run directory), `resume` (what a resume may change),
 `console` (a quiet console), `scoring` (a held-out set answered and scored), `collective` (what the agents
 know together: union and majority-vote accuracy from answers already scored), `evaluation`, `experiments` (comparisons over seeds), `bench` (benchmarks).

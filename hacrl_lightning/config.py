@@ -580,6 +580,11 @@ class TrainerConfig:
     device's own memory is used instead."""
     ignore_memory_plan: bool = setting(False, harmless=True)
     """Launch a GPU run even when the memory plan says it cannot fit (`scripts/plan.py` still shows the plan)."""
+    compile: str = setting("auto", harmless=True, unhashed=True, implied="false")
+    """torch.compile of the agents' log-prob passes (old log-probs, update, KL reference; `compiling.py`): each
+    transformer block and the log-softmax of the output layer's chunks, rows padded to a multiple of 64 columns.
+    `auto`: on where the run computes on CUDA, `true`, `false`. Generation stays eager; the compile's own seconds
+    are `time/compile`, outside s/step."""
 
 
 @dataclass
@@ -913,6 +918,7 @@ def _check_trainer(c: Checks, cfg: TrainConfig) -> None:
     c.positive("trainer.mismatch_every", tr.mismatch_every, strict=False)
     c.positive("trainer.no_signal_steps", tr.no_signal_steps, strict=False)
     c.positive("trainer.gpu_memory_gib", tr.gpu_memory_gib)
+    c.choice("trainer.compile", str(tr.compile).lower(), COMPILES)  # `true` on the command line arrives as "True"
     if tr.mini_batch_prompts > 0 and cfg.data.prompts_per_step > 0:
         mini = tr.mini_batch_prompts
         if cfg.data.prompts_per_step % mini:

@@ -46,6 +46,7 @@ from hacrl_lightning.data.records import PromptDataset
 from hacrl_lightning.errors import ConfigError, Problem, RunFailed
 from hacrl_lightning.files import write_atomically
 from hacrl_lightning.data.tasks import load_task, task_check_texts
+from hacrl_lightning.compiling import compile_agent, compile_wanted
 from hacrl_lightning.datamodule import RolloutDataModule
 from hacrl_lightning.module import HACRLModule, UpdateSettings
 from hacrl_lightning.offload import Residency
@@ -173,6 +174,10 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
                        last=cfg.trainer.keep_at_end,
                        minutes=cfg.trainer.checkpoint_minutes),
     ]
+    if compile_wanted(cfg.trainer.compile, cfg.trainer.accelerator):  # after the module copied the KL references
+        for agent in [*module.agents.values(), *module.references.values()]:
+            compile_agent(agent)
+        roles["timer"].compiled = True  # the compile's seconds kept out of the step's clock
     return module, datamodule, callbacks, roles
 
 

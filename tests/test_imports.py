@@ -211,7 +211,7 @@ LAYERS = [
     {"errors"},
     {"config", "files", "hub", "console", "safe_load", "run_dir", "failures"},
     {"presets", "resume", "experiments", "algorithms", "rewards", "agents", "placement", "offload"},
-    {"data", "plan", "loss_stats", "architecture", "strategies", "rollout"},
+    {"data", "plan", "loss_stats", "architecture", "strategies", "rollout", "compiling"},
     {"exchange", "zoo", "scoring", "memory", "collective"},
     {"step", "update"},
     {"step_metrics", "grad_share", "cross_ratios", "callbacks", "reference"},

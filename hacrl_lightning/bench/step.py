@@ -484,6 +484,7 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
 
     from hacrl_lightning import reference
     from hacrl_lightning.algorithms import CapabilityWindow
+    from hacrl_lightning.compiling import compile_agent, compile_wanted
     from hacrl_lightning.data.tasks import load_task
     from hacrl_lightning.datamodule import StepBatchSampler
     from hacrl_lightning.rollout import close_engines, engine_options, make_engine
@@ -493,6 +494,9 @@ def _run_bare(agent_names: list[str], group: int, prompts: int, steps: int, warm
     cfg = compose(agent_names, group, prompts, warmup + steps, str(engine_dir / "run"), backend, overrides)
     torch.manual_seed(cfg.seed)
     loaded = load_agents(cfg)          # loading is not timed
+    if compile_wanted(cfg.trainer.compile, cfg.trainer.accelerator):  # as `train` does (`build_system`)
+        for agent in loaded.values():
+            compile_agent(agent)
     if backend == "vllm":
         engines = {k: make_engine("vllm", a.model, **engine_options(a, "vllm", batch_size=0, seed=cfg.seed,
                                                                     export_to=engine_dir / k))

@@ -7,8 +7,10 @@ Held-out evaluation runs inside `on_train_batch_end` callbacks, so a step's wall
 from `on_train_batch_start` to the *start* of the evaluation would need ordering guarantees;
 instead this callback is placed before the evaluation callback and stops its clock at
 `on_train_batch_end`, which Lightning calls on callbacks in list order. Its state is checkpointed,
-so the totals survive a resume. Deliberately not here: per-phase timings (the module logs
-`time/*` per step) and evaluation time (not measured: the run clock includes it).
+so the totals survive a resume. Under `trainer.compile` the seconds torch spends compiling during a step
+(`compiling.compile_seconds`, the first steps and each recompile) are kept out of the step's clock, in `compile_s`,
+and each step reports `time/compile` and `compile/graphs` (`compiling.compile_metrics`). Deliberately not here:
+per-phase timings (the module logs `time/*` per step) and evaluation time (not measured: the run clock includes it).
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from lightning.pytorch import Callback
 
 
 class StepTimer(Callback):
-    def __init__(self, *, started: float | None = None) -> None:
-        """`started`: when this session began (epoch seconds; default now), e.g. the process start."""
+    def __init__(self, *, started: float | None = None, compiled: bool = False) -> None:
+        """`started`: when this session began (epoch seconds; default now), e.g. the process start; `compiled`: the
+        agents' passes are compiled (`trainer.compile`)."""
         self.train_s = 0.0
+        self.compile_s = 0.0
+        """Seconds spent compiling inside steps, kept out of `train_s`."""
+        self.compiled = compiled
+        self._compile_start = 0.0
         self.steps = 0
         self._start: float | None = None
         self.session_start = time.time() if started is None else started
@@ -40,10 +47,22 @@ class StepTimer(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # the step began when the DataModule started making it (its rollouts), before this hook
         self._start = getattr(batch, "started", None) or time.perf_counter()
+        if self.compiled:
+            from hacrl_lightning.compiling import compile_seconds
+
+            self._compile_start = compile_seconds()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._start is not None:
-            self.train_s += time.perf_counter() - self._start
+            compiling = 0.0
+            if self.compiled:
+                from hacrl_lightning.compiling import compile_metrics
+
+                metrics = compile_metrics()
+                compiling = metrics["time/compile"] - self._compile_start
+                self.compile_s += compiling
+                pl_module.report({**metrics, "time/compile": compiling})
+            self.train_s += time.perf_counter() - self._start - compiling
             self.steps += 1
             self._start = None
 
@@ -54,7 +73,7 @@ class StepTimer(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"train_s": self.train_s, "steps": self.steps, "wall_s": self.wall_s, "started_at": self.started_at,
-                "sessions": self.sessions}
+                "sessions": self.sessions, "compile_s": self.compile_s}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.train_s = float(state_dict["train_s"])
@@ -62,3 +81,4 @@ class StepTimer(Callback):
         self.earlier_wall_s = float(state_dict.get("wall_s", 0.0))  # checkpoints from before these fields: 0
         self.started_at = float(state_dict.get("started_at", self.session_start))
         self.sessions = int(state_dict.get("sessions", 1)) + 1
+        self.compile_s = float(state_dict.get("compile_s", 0.0))
