@@ -85,6 +85,22 @@ def test_the_bf16_drift_is_measured_for_each_learner(tiny_check):
         assert f"own rows at mini-batch 0 (all steps), {name}: {row['own_rows']}, clipped 0" in md
 
 
+def test_the_compile_part_compares_eager_and_compiled(tiny_check):
+    """`compile` (`part_compile`): the same agent's micro-batch eager, then compiled in place; --tiny compiles with
+    dynamo alone (`backend="eager"`), whose graphs run eager's operations: in fp32 the loss and gradient then move
+    only by the rows' padding to 64 columns (sdpa's softmax over more, masked, keys: a few ulp)."""
+    _, report, md = tiny_check
+    comp = report["parts"]["compile"]
+    eager, compiled = comp["eager"], comp["compiled"]
+    assert compiled["backend"] == "eager" and compiled["blocks"] == gpu_check.TINY_DIMS["num_hidden_layers"]
+    assert compiled["graphs"] > 0 and compiled["compile_s"] > 0
+    assert comp["tokens"] == TINY.micro_batch * (TINY.prompt_len + TINY.response_len)
+    for mode in (eager, compiled):
+        assert mode["update_s"] > 0 and mode["old_logprobs_s"] > 0 and mode["update_tflops"] > 0
+    assert comp["loss_rel"] < 1e-5 and comp["grad_rel"] < 1e-4 and comp["grad_cos"] > 0.9999
+    assert "**compile**" in md
+
+
 @pytest.mark.slow
 def test_a_failing_part_is_reported_and_the_check_goes_on(tmp_path, zoo_cache):
     proc, report, md = check(tmp_path, zoo_cache, "--parts", "single,env")  # no build: no agent directories

@@ -9,11 +9,14 @@ A lent GPU comes rarely and for minutes (docs/GPU.md), so nothing is written the
 - `build`: two agents of real architectures (`AGENTS`: Qwen3-1.7B and Llama-3.2-1B from agents/arch/*.json,
   each with its real tokenizer and template, those of the zoo presets `tiny_qwen3` / `tiny_llama32`) with
   random weights, built on the device and exported as standalone Hugging Face directories.
+- `compile`: `trainer.compile` off and on for the built Qwen3-1.7B (`part_compile`): one micro-batch's update pass
+  and old log-probs' pass, eager then compiled; s per pass, update TFLOP/s and MFU, the compile's seconds and
+  graphs, peak memory, and the compiled loss and gradient against eager's (`--tiny`: dynamo's capture alone).
 - `sync`: the weight sync of an engine in its own process for the built Qwen3-1.7B (fp32 trainer, bf16 engine),
   per transport: CUDA IPC buckets, the same buckets staged in host shared memory, and the safetensors file;
   s/sync, the peak memory it takes on each side, and whether the engine then holds the trainer's weights and
   answers as it (`part_sync`; the engine is `standin_engine.StandInEngine`: the image has no vLLM).
-- `single`: `FULL.steps` HACPO steps of the two (the agent presets `qwen3_1.7b`, `llama3.2_1b_instruct` pointed
+- `single`: `FULL.steps` HACPO steps of the two (eager: `trainer.compile=false`, `compile` compares) (the agent presets `qwen3_1.7b`, `llama3.2_1b_instruct` pointed
   at those directories), the transformers backend, `bf16-mixed`, one device; every response exactly
   `response_len` tokens (the benchmark's fixed-length sampling, `bench/step.py`), so the work is known.
   Figures: s/step and its phases; generation tokens/s; update tokens/s and MFU (6·N·tokens for the update,
@@ -85,8 +88,8 @@ the memory plan gives 63.7 GiB at micro-batch 8, the first run measured a 60.8 G
 TINY = Size(prompts=2, group=2, prompt_len=128, response_len=8, micro_batch=4, mini_batch_prompts=2,
             generation_batch=8, steps=3)
 
-PARTS = ("env", "build", "sync", "single", "offload", "fsdp")
-LIMITS_S = {"env": 90, "build": 120, "sync": 150, "single": 260, "offload": 200, "fsdp": 200}
+PARTS = ("env", "build", "compile", "sync", "single", "offload", "fsdp")
+LIMITS_S = {"env": 90, "build": 120, "compile": 240, "sync": 150, "single": 260, "offload": 200, "fsdp": 200}
 """Each part's own limit on a GPU (the check's `--budget-s` caps them all); `--tiny` gives each 600 s."""
 DATASHEET_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
 """Dense bf16 tensor-core peaks from the datasheets (SXM), by a name found in the device's name."""
@@ -208,12 +211,107 @@ def overrides(args, size: Size, *, fsdp: bool, offload: bool = False) -> list[st
             f"trainer.micro_batch_size={size.micro_batch}", f"trainer.steps={size.steps}", "trainer.devices=1",
             f"trainer.accelerator={accelerator}", "trainer.precision=bf16-mixed", "trainer.eval_every=0",
             "trainer.export_agents=false", "trainer.checkpoint_every=0", "trainer.checkpoint_minutes=0",
-            "trainer.diagnostics_every=0", f"trainer.offload_idle={str(offload).lower()}",
+            "trainer.diagnostics_every=0", f"trainer.offload_idle={str(offload).lower()}", "trainer.compile=false",
             f"run_dir={Path(args.work) / ('run_fsdp' if fsdp else 'run_offload' if offload else 'run_single')}",
             "overwrite=true"]
     if args.zoo_cache:
         out.append(f"zoo_cache={args.zoo_cache}")
     return out
+
+
+COMPILE_AGENT = "qwen3_1_7b"
+COMPILE_REPEATS = 5
+"""Timed passes per mode after the warm-up (`--tiny`: 2, the figures mean nothing there)."""
+
+
+def part_compile(args) -> dict:
+    """`trainer.compile` off and on for `COMPILE_AGENT` on one device (bf16 autocast over fp32 weights on a GPU, fp32
+    on the CPU): one micro-batch of the training parts' size (rows of prompt + response tokens, random ids), its
+    update pass (`Agent.token_logprobs` with grad from the first response column, a policy-gradient loss of the
+    response tokens, backward) and its old log-probs' pass (no grad), eager, then the same agent compiled in place
+    (`compiling.compile_agent`; `--tiny`: `backend="eager"`, dynamo's capture without inductor, so the CPU test
+    stays seconds). Per mode the median s of `COMPILE_REPEATS` passes after a warm-up, the update's TFLOP/s (6 N
+    tokens) and MFU, peak memory; compiled also its first update's s, the compile's seconds and graphs; and the
+    compiled loss and gradient against eager's on the same rows (inductor reorders float32 sums: ~1e-6 relative
+    in fp32, bf16's rounding under autocast)."""
+    import torch
+
+    from hacrl_lightning.agents.agent import Agent
+    from hacrl_lightning.cli import compose_config
+    from hacrl_lightning.compiling import compile_agent, compile_metrics
+
+    size = TINY if args.tiny else FULL
+    cfg, _ = compose_config(overrides(args, size, fsdp=False))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    agent = Agent.load(COMPILE_AGENT, cfg.agents[COMPILE_AGENT], zoo_cache=args.zoo_cache, dtype=torch.float32)
+    agent.to(device).eval()
+    params = [p for p in agent.model.parameters() if p.requires_grad]
+    parameters = _parameters(Path(cfg.agents[COMPILE_AGENT].model))
+    g = torch.Generator().manual_seed(0)
+    rows, width = size.micro_batch, size.prompt_len + size.response_len
+    ids = torch.randint(0, agent.model.get_input_embeddings().num_embeddings, (rows, width), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    advantages = torch.randn(rows, 1, generator=g).to(device)
+
+    def timed(fn):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return out, time.perf_counter() - start
+
+    def update():
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cuda):
+            logp = agent.token_logprobs(ids, mask, temperature=agent.cfg.temperature, first_target=size.prompt_len)
+            loss = -(advantages * logp[:, size.prompt_len:]).mean()
+        grads = torch.autograd.grad(loss, params)
+        return float(loss.detach()), grads
+
+    def old_logprobs():
+        with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cuda):
+            return agent.token_logprobs(ids, mask, temperature=agent.cfg.temperature, first_target=size.prompt_len)
+
+    def measure() -> dict:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        (loss, grads), first_s = timed(update)
+        timed(old_logprobs)
+        repeats = 2 if args.tiny else COMPILE_REPEATS
+        updates = [timed(update)[1] for _ in range(repeats)]
+        olds = [timed(old_logprobs)[1] for _ in range(repeats)]
+        update_s = statistics.median(updates)
+        tflops = 6 * parameters * rows * width / update_s / 1e12
+        peak = DATASHEET_BF16_TFLOPS.get(next((k for k in DATASHEET_BF16_TFLOPS if k in name), ""), None)
+        return {"loss": loss, "grads": grads, "first_update_s": round(first_s, 4), "update_s": round(update_s, 4),
+                "old_logprobs_s": round(statistics.median(olds), 4), "update_tflops": round(tflops, 3),
+                "update_mfu_vs_datasheet": round(tflops / peak, 4) if peak else None,
+                "peak_memory_gib": round(torch.cuda.max_memory_allocated() / GIB, 3) if cuda else None}
+
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    eager = measure()
+    eager_grads = eager.pop("grads")
+    backend = "eager" if args.tiny else "inductor"
+    before = compile_metrics()
+    blocks = compile_agent(agent, backend=backend)
+    compiled = measure()
+    after = compile_metrics()
+    grads = compiled.pop("grads")
+    diff2 = sum(float(((a.float() - b.float()) ** 2).sum()) for a, b in zip(grads, eager_grads))
+    norm2 = sum(float((b.float() ** 2).sum()) for b in eager_grads)
+    dot = sum(float((a.float() * b.float()).sum()) for a, b in zip(grads, eager_grads))
+    norm2_compiled = sum(float((a.float() ** 2).sum()) for a in grads)
+    compiled.update(backend=backend, blocks=blocks, compile_s=round(after["time/compile"] - before["time/compile"], 2),
+                    graphs=int(after["compile/graphs"] - before["compile/graphs"]))
+    return {"agent": COMPILE_AGENT, "device": name, "parameters": parameters, "rows": rows, "tokens": rows * width,
+            "eager": eager, "compiled": compiled,
+            "update_speedup": round(eager["update_s"] / compiled["update_s"], 3),
+            "old_logprobs_speedup": round(eager["old_logprobs_s"] / compiled["old_logprobs_s"], 3),
+            "loss_rel": abs(compiled["loss"] - eager["loss"]) / max(abs(eager["loss"]), 1e-30),
+            "grad_rel": (diff2 / norm2) ** 0.5 if norm2 > 0 else None,
+            "grad_cos": dot / (norm2 * norm2_compiled) ** 0.5 if norm2 > 0 and norm2_compiled > 0 else None}
 
 
 SYNC_AGENT = "qwen3_1_7b"
@@ -726,6 +824,25 @@ def markdown(report: dict) -> str:
                              f"loss rel {d['loss_rel']:.2e}, gradient rel {d['grad_rel']:.2e}, cosine "
                              f"{d['grad_cos']:.6f}; own-row ratio noise fp32 {d.get('ratio_noise_fp32')}, bf16 "
                              f"{d.get('ratio_noise_bf16')} (ratio clip {d['ratio_clip']})")
+    comp = report["parts"].get("compile", {})
+    if comp.get("compiled"):
+        e, c = comp["eager"], comp["compiled"]
+        lines += ["", f"**compile** ({comp['agent']}, {comp['rows']} rows, {comp['tokens']} tokens, backend "
+                      f"{c['backend']}, {c['blocks']} blocks): update {e['update_s']} s eager, {c['update_s']} s compiled "
+                      f"(x{comp['update_speedup']}; MFU {e['update_mfu_vs_datasheet']} -> {c['update_mfu_vs_datasheet']}"
+                      f"); old log-probs {e['old_logprobs_s']} -> {c['old_logprobs_s']} s; compile {c['compile_s']} s, "
+                      f"{c['graphs']} graphs, first compiled update {c['first_update_s']} s; peak GiB "
+                      f"{e['peak_memory_gib']} -> {c['peak_memory_gib']}; compiled vs eager: loss rel "
+                      f"{comp['loss_rel']:.2e}, gradient rel {comp['grad_rel']:.2e}, cosine {comp['grad_cos']:.6f}"]
+        for row in part.get("profile") or []:
+            lines.append(f"profile of step {row['step']} ({row['seconds']} s; allocator {row.get('allocator', '-')}): "
+                         + "; ".join(f"{e['name']} {e['self_s']} s x{e['calls']}" for e in row["top"][:8]))
+    bare = report["parts"].get("bare", {})
+    if bare.get("agents"):
+        lines += ["", f"**bare** (a plain transformers loop, rows of {bare['row_tokens']} tokens, micro-batch "
+                      f"{bare['micro_batch']}): " + ", ".join(f"{k} {a['tflops']} TFLOP/s" for k, a in bare["agents"].items())
+                  + f"; both {bare['update_tflops']} TFLOP/s"
+                  + (f"; `single`'s update / bare: {report['update_over_bare']}" if "update_over_bare" in report else "")]
     sync = report["parts"].get("sync", {})
     if sync.get("transports"):
         lines += ["", f"**sync** ({sync['agent']}, {sync['parameters'] / 1e9:.2f}B parameters, fp32 trainer -> bf16 "
@@ -826,7 +943,7 @@ def main(argv=None) -> int:
 
 
 PART_FUNCTIONS = {"env": part_env, "build": part_build, "sync": part_sync, "single": part_single,
-                  "fsdp": part_fsdp, "offload": part_offload}
+                  "fsdp": part_fsdp, "offload": part_offload, "compile": part_compile}
 
 
 if __name__ == "__main__":
