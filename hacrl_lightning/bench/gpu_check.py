@@ -292,13 +292,14 @@ def part_compile(args) -> dict:
 
     name = torch.cuda.get_device_name() if cuda else "cpu"
     eager = measure()
-    eager_grads = eager.pop("grads")
+    eager_grads = [g.cpu() for g in eager.pop("grads")]  # held on the host: out of the compiled mode's peak
     backend = "eager" if args.tiny else "inductor"
     before = compile_metrics()
     blocks = compile_agent(agent, backend=backend)
     compiled = measure()
     after = compile_metrics()
     grads = compiled.pop("grads")
+    eager_grads = [b.to(device) for b in eager_grads]
     diff2 = sum(float(((a.float() - b.float()) ** 2).sum()) for a, b in zip(grads, eager_grads))
     norm2 = sum(float((b.float() ** 2).sum()) for b in eager_grads)
     dot = sum(float((a.float() * b.float()).sum()) for a, b in zip(grads, eager_grads))
