@@ -54,15 +54,16 @@ class StepTimer(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._start is not None:
-            compiling = 0.0
+            elapsed, compiling = time.perf_counter() - self._start, 0.0
             if self.compiled:
                 from hacrl_lightning.compiling import compile_metrics
 
                 metrics = compile_metrics()
-                compiling = metrics["time/compile"] - self._compile_start
+                # at most the step: torch's timers of a first step with two agents summed to 66 s in a 59 s step
+                compiling = min(metrics["time/compile"] - self._compile_start, elapsed)
                 self.compile_s += compiling
                 pl_module.report({**metrics, "time/compile": compiling})
-            self.train_s += time.perf_counter() - self._start - compiling
+            self.train_s += elapsed - compiling
             self.steps += 1
             self._start = None
 
