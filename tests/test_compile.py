@@ -44,6 +44,7 @@ def update(agent, ids, mask, response, advantages) -> tuple[torch.Tensor, dict[s
     return loss.detach(), {n: p.grad.clone() for n, p in agent.model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not INDUCTOR, reason="no C++ compiler: inductor cannot build its CPU kernels here")
 def test_a_compiled_update_equals_the_eager_one_and_a_bucket_compiles_once(load_zoo_agent):
     torch._dynamo.reset()
@@ -71,6 +72,7 @@ def test_a_compiled_update_equals_the_eager_one_and_a_bucket_compiles_once(load_
     assert compile_metrics()["compile/graphs"] == after_no_grad
 
 
+@pytest.mark.slow
 def test_the_wiring_with_dynamo_alone_keeps_the_values(load_zoo_agent):
     """`backend="eager"`: dynamo captures the blocks and the chunks and runs the captured graphs as they are (no
     inductor), so the log-probs are eager's but for the rows' padding to 64 columns (the attention's softmax then
@@ -85,6 +87,7 @@ def test_the_wiring_with_dynamo_alone_keeps_the_values(load_zoo_agent):
     assert compile_metrics()["compile/graphs"] > 0
 
 
+@pytest.mark.slow
 def test_the_setting_and_its_clock():
     assert not compile_wanted("auto", "cpu") and compile_wanted("True") and compile_wanted("true", "cpu")
     assert not compile_wanted("false", "gpu") and compile_wanted("auto", "gpu") == torch.cuda.is_available()

@@ -65,6 +65,7 @@ def logit_bound(agent, ids, mask, temperature: float) -> float:
     return float(2 * width * U / (1 - width * U) * products.max() / temperature)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_chunks_give_the_full_logits_log_probs_and_gradients(load_zoo_agent, name):
     agent = load_zoo_agent(name, dtype="float32")
@@ -113,6 +114,7 @@ def test_one_chunk_over_the_whole_pass_is_the_same_arithmetic_to_the_bit(load_zo
                            torch.zeros(3))
 
 
+@pytest.mark.slow
 def test_a_lora_agent_s_chunks_give_the_same_log_probs_and_adapter_gradients(load_zoo_agent):
     agent = load_zoo_agent("tiny_b", dtype="float32", lora={"rank": 4})
     agent.eval()
