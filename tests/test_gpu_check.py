@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hacrl_lightning.bench import gpu_check
-from hacrl_lightning.bench.gpu_check import FSDP_STEPS, TINY, figures
+from hacrl_lightning.bench.gpu_check import AGENTS, FSDP_STEPS, PROFILE_STEPS, TINY, figures
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,8 @@ def test_every_part_runs_and_the_reports_say_so(tiny_check):
         {"Qwen/Qwen3-1.7B", "meta-llama/Llama-3.2-1B-Instruct"}
 
 
-@pytest.mark.parametrize("part, steps", [("single", TINY.steps), ("offload", FSDP_STEPS), ("fsdp", FSDP_STEPS)])
+@pytest.mark.parametrize("part, steps", [("single", TINY.steps), ("offload", FSDP_STEPS), ("fsdp", FSDP_STEPS),
+                                         ("lora", FSDP_STEPS), ("profile", PROFILE_STEPS)])
 def test_training_parts_do_the_planned_work(tiny_check, part, steps):
     _, report, _ = tiny_check
     result = report["parts"][part]
@@ -83,6 +84,33 @@ def test_the_bf16_drift_is_measured_for_each_learner(tiny_check):
     for name, row in first.items():
         assert row["own_rows"] > 0 and row["clipped_rows"] == 0 and row["max_ratio_dev"] == 0.0, (name, row)
         assert f"own rows at mini-batch 0 (all steps), {name}: {row['own_rows']}, clipped 0" in md
+
+
+def test_the_bare_loop_does_a_learners_work_and_the_report_compares_the_update_with_it(tiny_check):
+    """`bare`: per built agent, the rows a learner trains in a step (P·n·G, in mini-batches of the part's), rows
+    of 32 + response_len tokens; `single`'s update TFLOP/s over the bare loop's is in the report."""
+    _, report, md = tiny_check
+    bare = report["parts"]["bare"]
+    n = len(AGENTS)
+    assert bare["rows_per_step"] == TINY.prompts * n * TINY.group and bare["row_tokens"] == 32 + TINY.response_len
+    for key, row in bare["agents"].items():
+        assert row["tokens"] == bare["rows_per_step"] * bare["row_tokens"] and row["tflops"] > 0, key
+    assert report["update_over_bare"] == pytest.approx(
+        report["parts"]["single"]["figures"]["update_tflops"] / bare["update_tflops"], rel=1e-2)
+    assert "**bare**" in md and "`single`'s update / bare:" in md
+
+
+def test_the_lora_and_profile_parts(tiny_check):
+    """`lora`: both agents with a rank-16 adapter (the plan's figures for it); `profile`: the first steps under
+    torch.profiler, their top entries in the report."""
+    _, report, md = tiny_check
+    lora = report["parts"]["lora"]
+    assert all(f"agents.{key}.lora.rank=16" in lora["config"] for key, _, _ in AGENTS.values())
+    profiles = report["parts"]["profile"]["profile"]
+    assert [row["step"] for row in profiles] == list(range(PROFILE_STEPS))
+    for row in profiles:
+        assert row["seconds"] > 0 and len(row["top"]) > 3 and all(e["self_s"] >= 0 and e["calls"] > 0 for e in row["top"])
+    assert "profile of step 0" in md and "profile of step 1" in md
 
 
 def test_the_compile_part_compares_eager_and_compiled(tiny_check):

@@ -24,6 +24,11 @@ A lent GPU comes rarely and for minutes (docs/GPU.md), so nothing is written the
   peak `torch.cuda.max_memory_allocated` of each phase against the memory plan's figure for the same
   configuration (`memory.plan_memory`); and, at the first step, each learner's first micro-batch loss and
   gradient under bf16 autocast against the same in fp32 on the same weights (the drift).
+- `bare`: a plain transformers loop at `single`'s settings for each built agent (`part_bare`): the update's
+  ceiling without the framework; the report gives `single`'s update TFLOP/s over it (`update_over_bare`).
+- `profile`: `single`'s settings for `PROFILE_STEPS` steps under `torch.profiler` (`StepProfile`): each step's
+  top entries and the CUDA allocator's counters, for what the first step pays once.
+- `lora`: `single` with a rank-`LORA_RANK` adapter on both agents, `FSDP_STEPS` steps.
 - `offload`: the same as `single` with `trainer.offload_idle=true` (each agent's training state in host memory
   between its phases), `FSDP_STEPS` steps: each phase's peak against the plan's with offload, beside `single`'s.
 - `fsdp`: the same under `trainer=fsdp trainer.devices=1` (FSDP2 over a one-rank mesh, NCCL), `FSDP_STEPS` steps.
@@ -88,9 +93,14 @@ the memory plan gives 63.7 GiB at micro-batch 8, the first run measured a 60.8 G
 TINY = Size(prompts=2, group=2, prompt_len=128, response_len=8, micro_batch=4, mini_batch_prompts=2,
             generation_batch=8, steps=3)
 
-PARTS = ("env", "build", "compile", "sync", "single", "offload", "fsdp")
-LIMITS_S = {"env": 90, "build": 120, "compile": 240, "sync": 150, "single": 260, "offload": 200, "fsdp": 200}
+PARTS = ("env", "build", "single", "bare", "compile", "profile", "lora", "fsdp", "sync", "offload")
+LIMITS_S = {"env": 90, "build": 120, "single": 260, "bare": 120, "compile": 240, "profile": 200, "lora": 200,
+            "fsdp": 200, "sync": 150, "offload": 200}
 """Each part's own limit on a GPU (the check's `--budget-s` caps them all); `--tiny` gives each 600 s."""
+BUDGET_S = 450.0
+"""The whole check's default time on a GPU: a lent device has 15 minutes in all, its start included, and a
+check must leave room to run again. The parts run in the order of `PARTS` (what they are worth) until it is
+spent; `--parts` picks others."""
 DATASHEET_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
 """Dense bf16 tensor-core peaks from the datasheets (SXM), by a name found in the device's name."""
 
@@ -196,7 +206,8 @@ def _parameters(path: Path) -> int:
     return Architecture.from_config(json.loads((path / "config.json").read_text())).parameters
 
 
-def overrides(args, size: Size, *, fsdp: bool, offload: bool = False) -> list[str]:
+def overrides(args, size: Size, *, fsdp: bool, offload: bool = False, lora: bool = False,
+              run: str | None = None) -> list[str]:
     """The training parts' configuration: the two agent presets pointed at the built directories."""
     agents = Path(args.work) / "agents"
     out = [f"agents=[{','.join(AGENTS)}]", "algorithm=hacpo"]
@@ -205,6 +216,8 @@ def overrides(args, size: Size, *, fsdp: bool, offload: bool = False) -> list[st
     for key, _, _ in AGENTS.values():
         out += [f"agents.{key}.model={agents / key}", f"agents.{key}.max_prompt_len={size.prompt_len}",
                 f"agents.{key}.max_response_len={size.response_len}"]
+        if lora:
+            out.append(f"agents.{key}.lora.rank={LORA_RANK}")
     accelerator = "cpu" if args.tiny else "gpu"
     out += [f"rollout.group_size={size.group}", f"rollout.generation_batch_size={size.generation_batch}",
             f"data.prompts_per_step={size.prompts}", f"trainer.mini_batch_prompts={size.mini_batch_prompts}",
@@ -212,7 +225,7 @@ def overrides(args, size: Size, *, fsdp: bool, offload: bool = False) -> list[st
             f"trainer.accelerator={accelerator}", "trainer.precision=bf16-mixed", "trainer.eval_every=0",
             "trainer.export_agents=false", "trainer.checkpoint_every=0", "trainer.checkpoint_minutes=0",
             "trainer.diagnostics_every=0", f"trainer.offload_idle={str(offload).lower()}", "trainer.compile=false",
-            f"run_dir={Path(args.work) / ('run_fsdp' if fsdp else 'run_offload' if offload else 'run_single')}",
+            f"run_dir={Path(args.work) / (run or ('run_fsdp' if fsdp else 'run_offload' if offload else 'run_lora' if lora else 'run_single'))}",
             "overwrite=true"]
     if args.zoo_cache:
         out.append(f"zoo_cache={args.zoo_cache}")
@@ -443,6 +456,9 @@ def part_fsdp(args) -> dict:
     return train_part(args, fsdp=True, drift=False)
 
 
+TRAINING_PARTS = ("single", "profile", "lora", "offload", "fsdp")
+"""The parts that train (`train_part`): step figures for each."""
+
 FSDP_STEPS = 2
 """The FSDP part's steps (one warm-up, one timed): on one H100 its first step took 75 s and its second 47 s
 (docs/GPU.md), and the check must end within 8 minutes."""
@@ -484,7 +500,26 @@ class CudaPhaseMemory:
         return self.steps + [self.current]
 
 
-def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False) -> dict:
+def part_lora(args) -> dict:
+    return train_part(args, fsdp=False, drift=False, lora=True)
+
+
+LORA_RANK = 16
+"""`lora`: a rank-16 adapter on both agents (`agents.<key>.lora.rank`); the update's FLOPs are still counted as
+6·N·tokens, which overstates a LoRA update's work (no gradients of the frozen weights: about 4·N)."""
+
+
+def part_profile(args) -> dict:
+    return train_part(args, fsdp=False, drift=False, profile=True)
+
+
+PROFILE_STEPS = 2
+"""`profile`: the first step and the second under `torch.profiler`, to find what the first step pays once."""
+PROFILE_TOP = 15
+
+
+def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bool = False,
+               profile: bool = False) -> dict:
     """`size.steps` fixed-length HACPO steps as `train()` builds them (`bench.step.instrument`), with each
     phase's time, tokens and peak memory, the plan's figures for the same configuration, and (`drift`) the
     bf16/fp32 drift of each learner's first micro-batch."""
@@ -495,9 +530,10 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False) -> dict:
     from hacrl_lightning.cli import compose_config
     from hacrl_lightning.training import build_system, build_trainer
 
-    steps = args.steps or (FSDP_STEPS if fsdp or offload else None)
+    steps = args.steps or (FSDP_STEPS if fsdp or offload or lora else PROFILE_STEPS if profile else None)
     size = replace(TINY if args.tiny else FULL, **({"steps": steps} if steps else {}))
-    cfg, _ = compose_config(overrides(args, size, fsdp=fsdp, offload=offload))
+    config = overrides(args, size, fsdp=fsdp, offload=offload, lora=lora, run=("run_profile" if profile else None))
+    cfg, _ = compose_config(config)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = plan_figures(cfg)
@@ -511,12 +547,16 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False) -> dict:
     if drift:
         watch_drift(module, drifts)
     first_clipped = watch_first_mini_batch(module)
+    profiles: list = []
+    if profile:
+        callbacks = [*callbacks, StepProfile(profiles)]
     parameters = {name: sum(p.numel() for p in agent.model.parameters()) for name, agent in module.agents.items()}
 
     def result(peaks: list) -> dict:
-        out = {"config": overrides(args, size, fsdp=fsdp, offload=offload), "size": asdict(size), "load_s": round(load_s, 2),
+        out = {"config": config, "size": asdict(size), "load_s": round(load_s, 2),
                "parameters": parameters, "steps": list(recorder.steps), "memory_gib_by_step": peaks,
-               "plan_gib": plan, "drift": drifts, "own_clipped_at_first_mini_batch": first_clipped}
+               "plan_gib": plan, "drift": drifts, "own_clipped_at_first_mini_batch": first_clipped,
+               **({"profile": profiles} if profile else {})}
         out["figures"] = figures(out, tflops=args.tflops)
         return out
 
@@ -533,6 +573,118 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False) -> dict:
     out["fit_s"] = round(time.perf_counter() - start, 2)
     out["peak_memory_gib"] = round(max((v for step in out["memory_gib_by_step"] for v in step.values()), default=0.0),
                                    3) if torch.cuda.is_available() else None
+    return out
+
+
+class StepProfile:
+    """A Lightning callback (built lazily: this module imports no torch at its top): each of the first
+    `PROFILE_STEPS` steps under `torch.profiler` (CPU, and CUDA where it is), its `PROFILE_TOP` entries by self
+    device time (CPU time without CUDA), and the CUDA caching allocator's counters over the step (segments
+    allocated from the driver, allocation retries): what a first step pays that a later one does not."""
+
+    def __new__(cls, profiles: list):
+        import lightning.pytorch as pl
+        import torch
+
+        class _StepProfile(pl.Callback):
+            def __init__(self):
+                self.profiler, self.before = None, {}
+
+            def on_train_batch_start(self, *_) -> None:
+                if len(profiles) >= PROFILE_STEPS:
+                    return
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                    self.before = torch.cuda.memory_stats()
+                self.profiler = torch.profiler.profile(activities=activities)
+                self.profiler.__enter__()
+                self.started = time.perf_counter()
+
+            def on_train_batch_end(self, *_) -> None:
+                if self.profiler is None:
+                    return
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - self.started
+                self.profiler.__exit__(None, None, None)
+                cuda = torch.cuda.is_available()
+                key = "self_device_time_total" if cuda else "self_cpu_time_total"
+                events = sorted(self.profiler.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)
+                top = [{"name": e.key, "calls": e.count, "self_s": round(getattr(e, key, 0.0) / 1e6, 4)}
+                       for e in events[:PROFILE_TOP]]
+                row = {"step": len(profiles), "seconds": round(seconds, 3), "top": top}
+                if cuda:
+                    after = torch.cuda.memory_stats()
+                    row["allocator"] = {name: after.get(name, 0) - self.before.get(name, 0)
+                                        for name in ("segment.all.allocated", "num_alloc_retries",
+                                                     "num_device_alloc")}
+                profiles.append(row)
+                self.profiler = None
+
+        return _StepProfile()
+
+
+BARE_PROMPT_TOKENS = 32
+"""`bare`: a row is this many prompt tokens plus the part's response length (288 at FULL's 256: the rows of
+the 2026-11-28 MFU probe, ../shared in docs/GPU.md)."""
+
+
+def part_bare(args) -> dict:
+    """A plain transformers loop at `single`'s settings, per built agent: fp32 master weights, bf16 autocast,
+    next-token log-probs in fp32, `micro_batch` rows a pass, one AdamW step (fused on CUDA) per mini-batch of
+    `mini_batch_prompts`·n·G rows, `prompts`·n·G rows a step as each learner trains them; one untimed mini-batch
+    first. No padding, no loss of HACPO's: the update's ceiling at these settings, which `single`'s update is
+    measured against (`figures`: framework / bare)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    size = TINY if args.tiny else FULL
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n = len(AGENTS)
+    rows, mini = size.prompts * n * size.group, size.mini_batch_prompts * n * size.group
+    length = BARE_PROMPT_TOKENS + size.response_len
+    out = {"rows_per_step": rows, "mini_batch_rows": mini, "micro_batch": size.micro_batch, "row_tokens": length,
+           "agents": {}}
+    for _, (key, _, _) in AGENTS.items():
+        model = AutoModelForCausalLM.from_pretrained(str(Path(args.work) / "agents" / key), dtype=torch.float32)
+        model.to(device).train()
+        params = sum(p.numel() for p in model.parameters())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7, **({"fused": True} if device == "cuda" else {}))
+        generator = torch.Generator(device=device).manual_seed(0)
+        vocab = model.config.vocab_size
+
+        def mini_batch(model=model, optimizer=optimizer) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            for _ in range(0, mini, size.micro_batch):
+                ids = torch.randint(0, vocab, (size.micro_batch, length), device=device, generator=generator)
+                with torch.autocast(device_type=device, dtype=torch.bfloat16):
+                    logits = model(input_ids=ids).logits[:, :-1]
+                logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)   # [b, L-1]
+                (-logp.mean() * (size.micro_batch / mini)).backward()
+            optimizer.step()
+
+        mini_batch()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for _ in range(rows // mini):
+            mini_batch()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        tokens = (rows // mini) * mini * length
+        out["agents"][key] = {"parameters": params, "seconds": round(seconds, 3), "tokens": tokens,
+                              "tokens_per_s": round(tokens / seconds, 1),
+                              "tflops": float(f"{6 * params * tokens / seconds / 1e12:.3g}"),
+                              "peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 2) if device == "cuda" else None}
+        del model, optimizer, mini_batch
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    total_s = sum(a["seconds"] for a in out["agents"].values())
+    flops = sum(6 * a["parameters"] * a["tokens"] for a in out["agents"].values())
+    out["update_tflops"] = float(f"{flops / total_s / 1e12:.3g}")
     return out
 
 
@@ -704,8 +856,9 @@ def figures(result: dict, *, tflops: float | None) -> dict:
     out = {"step_s": round(med("step_s"), 3), "first_step_s": round(float(result["steps"][0]["step_s"]), 3),
            "phases_s": phases, "generation_tokens_per_s": round(med("rollout_tokens") / max(med("rollout"), 1e-9), 1),
            "update_tokens_per_s": round(sum(med(f"update_tokens/{n}") for n in params) / max(med("update"), 1e-9), 1),
-           "update_tflops": round(update_flops / max(med("update"), 1e-9) / 1e12, 2),
-           "old_logprobs_tflops": round(old_flops / max(med("old_logprobs"), 1e-9) / 1e12, 2)}
+           # three significant digits: a --tiny run's rates are thousandths of a TFLOP/s
+           "update_tflops": float(f"{update_flops / max(med('update'), 1e-9) / 1e12:.3g}"),
+           "old_logprobs_tflops": float(f"{old_flops / max(med('old_logprobs'), 1e-9) / 1e12:.3g}")}
     if tflops:
         out["update_mfu_vs_measured_matmul"] = round(out["update_tflops"] / tflops, 4)
     if peak:
@@ -800,7 +953,7 @@ def markdown(report: dict) -> str:
         lines += ["", f"torch {env.get('torch')} (CUDA {env.get('cuda')}), python {env.get('python')}, "
                       + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items())
                       + f"; measured bf16 matmul {env.get('bf16_matmul_tflops')} TFLOP/s"]
-    for name in ("single", "offload", "fsdp"):
+    for name in TRAINING_PARTS:
         part = report["parts"].get(name, {})
         fig = part.get("figures")
         if not fig:
@@ -817,6 +970,9 @@ def markdown(report: dict) -> str:
         for agent, row in (part.get("own_clipped_at_first_mini_batch") or {}).items():
             lines.append(f"own rows at mini-batch 0 (all steps), {agent}: {row['own_rows']}, clipped "
                          f"{row['clipped_rows']:.0f}, largest |ratio - 1| {row['max_ratio_dev']:.2e}")
+        for row in part.get("profile") or []:
+            lines.append(f"profile of step {row['step']} ({row['seconds']} s; allocator {row.get('allocator', '-')}): "
+                         + "; ".join(f"{e['name']} {e['self_s']} s x{e['calls']}" for e in row["top"][:8]))
         for agent, d in (part.get("drift") or {}).items():
             if "error" in d:
                 lines.append(f"drift {agent}: failed")
@@ -835,9 +991,6 @@ def markdown(report: dict) -> str:
                       f"{c['graphs']} graphs, first compiled update {c['first_update_s']} s; peak GiB "
                       f"{e['peak_memory_gib']} -> {c['peak_memory_gib']}; compiled vs eager: loss rel "
                       f"{comp['loss_rel']:.2e}, gradient rel {comp['grad_rel']:.2e}, cosine {comp['grad_cos']:.6f}"]
-        for row in part.get("profile") or []:
-            lines.append(f"profile of step {row['step']} ({row['seconds']} s; allocator {row.get('allocator', '-')}): "
-                         + "; ".join(f"{e['name']} {e['self_s']} s x{e['calls']}" for e in row["top"][:8]))
     bare = report["parts"].get("bare", {})
     if bare.get("agents"):
         lines += ["", f"**bare** (a plain transformers loop, rows of {bare['row_tokens']} tokens, micro-batch "
@@ -889,7 +1042,8 @@ def check(args) -> dict:
               "command": " ".join(["python scripts/gpu_check.py", *sys.argv[1:]]), "tiny": args.tiny,
               "elapsed_s": 0.0, "parts": {}}
     for name in args.parts:
-        left = args.budget_s - (time.perf_counter() - started)
+        budget = args.budget_s or (float("inf") if args.tiny else BUDGET_S)
+        left = budget - (time.perf_counter() - started)
         limit = min(600 if args.tiny else LIMITS_S[name], left)
         if limit < 20:
             report["parts"][name] = {"status": "not run: the check's time budget is spent", "seconds": 0}
@@ -898,9 +1052,12 @@ def check(args) -> dict:
             report["parts"][name] = part = run_part(name, args, limit, work)
             if name == "env" and part.get("status") == "ok" and not args.tflops:
                 args.tflops = part.get("bf16_matmul_tflops")
-            if name in ("single", "fsdp") and part.get("steps"):
+            if name in TRAINING_PARTS and part.get("steps"):
                 part["figures"] = figures({**part, "device": report["parts"].get("env", {}).get("device")},
                                           tflops=args.tflops)
+            single, bare = report["parts"].get("single", {}), report["parts"].get("bare", {})
+            if (single.get("figures") or {}).get("update_tflops") and bare.get("update_tflops"):
+                report["update_over_bare"] = round(single["figures"]["update_tflops"] / bare["update_tflops"], 3)
             print(f"gpu_check: part {name}: {part.get('status')} in {part.get('seconds')} s", flush=True)
         report["elapsed_s"] = round(time.perf_counter() - started, 1)
         (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
@@ -914,7 +1071,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="shrunk dimensions on the CPU: tests this code")
     parser.add_argument("--deps", help="what scripts/gpu_wheels.sh filled: wheels/ to install, zoo/ of tokenizers")
     parser.add_argument("--work", help="where the built agents and runs go (default: a new temporary folder)")
-    parser.add_argument("--budget-s", type=float, default=450.0, help="the whole check's time (default 450)")
+    parser.add_argument("--budget-s", type=float, help="the whole check's time (default 450 s; --tiny: none, each "
+                                                       "part its own 600 s)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, in order (default {PARTS})")
     parser.add_argument("--zoo-cache", help="zoo cache holding the tokenizer files (default: --deps's zoo/)")
     parser.add_argument("--steps", type=int, help=f"training steps of each training part (default {FULL.steps})")
@@ -944,7 +1102,8 @@ def main(argv=None) -> int:
 
 
 PART_FUNCTIONS = {"env": part_env, "build": part_build, "sync": part_sync, "single": part_single,
-                  "fsdp": part_fsdp, "offload": part_offload, "compile": part_compile}
+                  "fsdp": part_fsdp, "offload": part_offload, "bare": part_bare, "lora": part_lora,
+                  "profile": part_profile, "compile": part_compile}
 
 
 if __name__ == "__main__":
