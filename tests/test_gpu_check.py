@@ -100,6 +100,24 @@ def test_the_bare_loop_does_a_learners_work_and_the_report_compares_the_update_w
     assert "**bare**" in md and "`single`'s update / bare:" in md
 
 
+def test_the_varied_part_cuts_responses_and_every_training_part_reports_its_padding(tiny_check):
+    """`varied`: responses cut to seeded lengths in [L/4, L] (here L = 8: 2..8 tokens), so fewer tokens than the
+    fixed-length parts and, the rows unequal, padding in the update's passes; every training part reports the
+    padding fraction of each agent's passes."""
+    _, report, md = tiny_check
+    varied = report["parts"]["varied"]
+    full = 2 * TINY.prompts * TINY.group * TINY.response_len
+    for row in varied["steps"]:
+        assert 2 * TINY.prompts * TINY.group * 2 <= row["rollout_tokens"] < full
+    for part in ("single", "varied"):
+        padding = report["parts"][part]["figures"]["padding_frac"]
+        assert {f"{key}/perf/padding_frac/{phase}" for key, _, _ in AGENTS.values()
+                for phase in ("update", "old_logprobs")} == set(padding), part
+        assert all(0.0 <= v < 1.0 for v in padding.values())
+    assert any(v > 0 for v in report["parts"]["varied"]["figures"]["padding_frac"].values())
+    assert md.count("padding of the passes:") >= 2
+
+
 def test_the_lora_and_profile_parts(tiny_check):
     """`lora`: both agents with a rank-16 adapter (the plan's figures for it); `profile`: the first steps under
     torch.profiler, their top entries in the report."""

@@ -28,6 +28,8 @@ A lent GPU comes rarely and for minutes (docs/GPU.md), so nothing is written the
   ceiling without the framework; the report gives `single`'s update TFLOP/s over it (`update_over_bare`).
 - `profile`: `single`'s settings for `PROFILE_STEPS` steps under `torch.profiler` (`StepProfile`): each step's
   top entries and the CUDA allocator's counters, for what the first step pays once.
+- `varied`: `single` with each response cut to a seeded length in [`VARIED_LOW`·L, L], `FSDP_STEPS` steps: the
+  passes' padding (`{agent}/perf/padding_frac/*`, reported for every training part) when rows differ in length.
 - `lora`: `single` with a rank-`LORA_RANK` adapter on both agents, `FSDP_STEPS` steps.
 - `offload`: the same as `single` with `trainer.offload_idle=true` (each agent's training state in host memory
   between its phases), `FSDP_STEPS` steps: each phase's peak against the plan's with offload, beside `single`'s.
@@ -93,9 +95,9 @@ the memory plan gives 63.7 GiB at micro-batch 8, the first run measured a 60.8 G
 TINY = Size(prompts=2, group=2, prompt_len=128, response_len=8, micro_batch=4, mini_batch_prompts=2,
             generation_batch=8, steps=3)
 
-PARTS = ("env", "build", "single", "bare", "compile", "profile", "lora", "fsdp", "sync", "offload")
-LIMITS_S = {"env": 90, "build": 120, "single": 260, "bare": 120, "compile": 240, "profile": 200, "lora": 200,
-            "fsdp": 200, "sync": 150, "offload": 200}
+PARTS = ("env", "build", "single", "bare", "compile", "profile", "varied", "lora", "fsdp", "sync", "offload")
+LIMITS_S = {"env": 90, "build": 120, "single": 260, "bare": 120, "compile": 240, "profile": 200, "varied": 200,
+            "lora": 200, "fsdp": 200, "sync": 150, "offload": 200}
 """Each part's own limit on a GPU (the check's `--budget-s` caps them all); `--tiny` gives each 600 s."""
 BUDGET_S = 450.0
 """The whole check's default time on a GPU: a lent device has 15 minutes in all, its start included, and a
@@ -456,7 +458,7 @@ def part_fsdp(args) -> dict:
     return train_part(args, fsdp=True, drift=False)
 
 
-TRAINING_PARTS = ("single", "profile", "lora", "offload", "fsdp")
+TRAINING_PARTS = ("single", "varied", "profile", "lora", "offload", "fsdp")
 """The parts that train (`train_part`): step figures for each."""
 
 FSDP_STEPS = 2
@@ -513,13 +515,22 @@ def part_profile(args) -> dict:
     return train_part(args, fsdp=False, drift=False, profile=True)
 
 
+def part_varied(args) -> dict:
+    return train_part(args, fsdp=False, drift=False, varied=True)
+
+
+VARIED_LOW = 0.25
+"""`varied`: each response cut to a length drawn uniformly from [0.25·L, L] (`bench.step.fixed_length_datamodule`),
+so rows differ in length as in real runs: the padding of each pass and what grouping rows by length saves."""
+
+
 PROFILE_STEPS = 2
 """`profile`: the first step and the second under `torch.profiler`, to find what the first step pays once."""
 PROFILE_TOP = 15
 
 
 def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bool = False,
-               profile: bool = False) -> dict:
+               profile: bool = False, varied: bool = False) -> dict:
     """`size.steps` fixed-length HACPO steps as `train()` builds them (`bench.step.instrument`), with each
     phase's time, tokens and peak memory, the plan's figures for the same configuration, and (`drift`) the
     bf16/fp32 drift of each learner's first micro-batch."""
@@ -530,9 +541,9 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bo
     from hacrl_lightning.cli import compose_config
     from hacrl_lightning.training import build_system, build_trainer
 
-    steps = args.steps or (FSDP_STEPS if fsdp or offload or lora else PROFILE_STEPS if profile else None)
+    steps = args.steps or (FSDP_STEPS if fsdp or offload or lora or varied else PROFILE_STEPS if profile else None)
     size = replace(TINY if args.tiny else FULL, **({"steps": steps} if steps else {}))
-    config = overrides(args, size, fsdp=fsdp, offload=offload, lora=lora, run=("run_profile" if profile else None))
+    config = overrides(args, size, fsdp=fsdp, offload=offload, lora=lora, run=("run_profile" if profile else "run_varied" if varied else None))
     cfg, _ = compose_config(config)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -540,7 +551,7 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bo
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     memory = CudaPhaseMemory()
     start = time.perf_counter()
-    module, datamodule, callbacks, _ = build_system(cfg, run_dir, datamodule_class=fixed_length_datamodule())
+    module, datamodule, callbacks, _ = build_system(cfg, run_dir, datamodule_class=fixed_length_datamodule(VARIED_LOW if varied else 0.0))
     load_s = time.perf_counter() - start
     callbacks, recorder = instrument(module, datamodule, callbacks, memory, warmup=1)
     drifts: dict = {}
@@ -627,7 +638,7 @@ class StepProfile:
 
 BARE_PROMPT_TOKENS = 32
 """`bare`: a row is this many prompt tokens plus the part's response length (288 at FULL's 256: the rows of
-the 2026-11-28 MFU probe, ../shared in docs/GPU.md)."""
+the 2026-11-28 MFU probe, docs/gpu/2026-11-28_0111_H200/)."""
 
 
 def part_bare(args) -> dict:
@@ -859,6 +870,9 @@ def figures(result: dict, *, tflops: float | None) -> dict:
            # three significant digits: a --tiny run's rates are thousandths of a TFLOP/s
            "update_tflops": float(f"{update_flops / max(med('update'), 1e-9) / 1e12:.3g}"),
            "old_logprobs_tflops": float(f"{old_flops / max(med('old_logprobs'), 1e-9) / 1e12:.3g}")}
+    padding = sorted({key for step in steps for key in step if "/perf/padding_frac/" in key})
+    if padding:
+        out["padding_frac"] = {key: round(med(key), 4) for key in padding}
     if tflops:
         out["update_mfu_vs_measured_matmul"] = round(out["update_tflops"] / tflops, 4)
     if peak:
@@ -964,6 +978,8 @@ def markdown(report: dict) -> str:
                   f"{fig['update_tflops']} TFLOP/s (MFU {fig.get('update_mfu_vs_datasheet')} of the datasheet, "
                   f"{fig.get('update_mfu_vs_measured_matmul')} of the measured matmul); old log-probs "
                   f"{fig['old_logprobs_tflops']} TFLOP/s"]
+        if fig.get("padding_frac"):
+            lines.append("padding of the passes: " + ", ".join(f"{k} {v}" for k, v in fig["padding_frac"].items()))
         if "memory_gib" in fig:
             lines.append(f"peak memory (GiB) {fig['memory_gib']} against the plan's {part['plan_gib'].get('phases')}: "
                          f"ratio {fig['memory_over_plan']}")
@@ -1103,7 +1119,7 @@ def main(argv=None) -> int:
 
 PART_FUNCTIONS = {"env": part_env, "build": part_build, "sync": part_sync, "single": part_single,
                   "fsdp": part_fsdp, "offload": part_offload, "bare": part_bare, "lora": part_lora,
-                  "profile": part_profile, "compile": part_compile}
+                  "profile": part_profile, "compile": part_compile, "varied": part_varied}
 
 
 if __name__ == "__main__":

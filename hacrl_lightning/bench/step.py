@@ -366,9 +366,11 @@ def instrument(module, datamodule, callbacks: list, memory, warmup: int) -> tupl
     return [c for c in callbacks if not isinstance(c, (HeldOutEvalCallback, StepCheckpoint))], recorder
 
 
-def fixed_length_datamodule():
+def fixed_length_datamodule(varied: float = 0.0):
     """The real DataModule, every response exactly max_response_len tokens (module docstring), counting the
-    step's rollout and trained tokens into `self.counts.current` (the recorder's)."""
+    step's rollout and trained tokens into `self.counts.current` (the recorder's). `varied` in (0, 1): each
+    response then cut to a length drawn uniformly from [varied·L, L] (L = max_response_len; seeded by the step
+    and agent), so the passes see rows of unequal length as real runs do, with the work still known."""
     from hacrl_lightning.datamodule import RolloutDataModule
 
     class FixedLengthDataModule(RolloutDataModule):
@@ -377,6 +379,23 @@ def fixed_length_datamodule():
         def sampling(self, agent, *, n, seed, step):
             settings = super().sampling(agent, n=n, seed=seed, step=step)
             return replace(settings, min_new_tokens=settings.max_new_tokens)
+
+        def generate(self, examples, *, step, n):
+            out = super().generate(examples, step=step, n=n)
+            if varied:
+                import torch
+
+                for j, (name, generations) in enumerate(sorted(out.items())):
+                    full = self.agents[name].max_response_len
+                    low = max(1, int(varied * full))
+                    lengths = torch.randint(low, full + 1, (len(generations),),
+                                            generator=torch.Generator().manual_seed(1000 * step + j)).tolist()
+                    for generation, length in zip(generations, lengths):
+                        if length < len(generation.token_ids):
+                            generation.token_ids = generation.token_ids[:length]
+                            generation.logprobs = generation.logprobs[:length]
+                            generation.finish_reason = "length"
+            return out
 
         def rollout(self, examples, *, step):
             self.counts.begin()  # a step begins with its rollouts
@@ -429,6 +448,7 @@ class StepRecorder(Callback):
         for phase in ("rollout", "reward", "exchange", "old_logprobs", "update"):
             row[phase] = float(metrics[f"time/{phase}"])
         row["diagnostics"] = float(metrics.get("time/diagnostics", 0.0))  # on a `--diagnostics-every` step
+        row.update({key: float(value) for key, value in metrics.items() if "/perf/padding_frac/" in key})
         row["weight_sync"] = self.sync.last_seconds
         row["logging"] = row["step_s"] - sum(row[p] for p in PHASES[:-1])
         self.steps.append(row)
