@@ -256,6 +256,7 @@ def test_another_agent_set_without_the_setting_is_refused_in_one_line_naming_it(
     assert not (tmp_path / "fork").exists()  # nothing left behind
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_with_the_setting_a_kept_agents_own_settings_are_still_compared(zoo_cache, tmp_path):
     """Pure checks and `train`'s own (`_check_resume` over a saved run_config.json): fast, nothing loads."""
     from hacrl_lightning.training import _check_resume

@@ -259,6 +259,7 @@ def test_the_fit_reads_past_the_preflights_sample_of_64_prompts(files, tmp_path)
     assert max(sampled) < max(every) == cfg.agents["tiny_qwen3"].max_prompt_len
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_lengths_given_through_agent_defaults_are_chosen_not_fitted(files, tmp_path):
     """`agent_defaults.max_prompt_len=...` (the command line's or an experiment's) gives an agent whose own file sets
     no length that value: a choice, kept as a command-line length is (200 holds no two-example prompt: refused, not

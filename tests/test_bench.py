@@ -170,6 +170,7 @@ def test_engine_log_probs_can_be_skipped_without_changing_the_tokens(zoo_agents)
     assert kwargs["logprobs"] is None and kwargs["min_tokens"] == 12 and kwargs["max_tokens"] == 12
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_each_step_is_written_to_the_logger_once_with_the_callbacks_scalars(tmp_path, zoo_cache):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

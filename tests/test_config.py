@@ -239,6 +239,7 @@ def test_experiments_do_not_repeat_each_other():
         assert not repeated, f"configs/experiment/{a} and {b} both state {repeated}: move them to a configs/recipe/ file"
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_every_experiment_holds_only_what_it_changes():
     """An experiment's values differ from what its group choices compose to without them. Its per-agent
     values are left out: they state the recipe's settings for the agents of the list (a lab's own study,

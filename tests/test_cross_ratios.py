@@ -99,6 +99,7 @@ def test_the_rows_outside_their_bounds_are_those_hacpo_loss_leaves_without_gradi
     assert ratio_metrics(NAMES, {"a": records})["a/diag/cross_ratio/b/below"] == pytest.approx(3 / 5)  # .5 .85 .88
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_pair_ratios_scores_a_pair_without_training(tmp_path, zoo_cache, script_main, capsys):
     """scripts/pair_ratios.py on the tiny pair: each agent answers 2 prompts twice, the other scores them; every
     response is one row of its learner's table, the quantiles are ordered, the shares of each row set sum to 1,

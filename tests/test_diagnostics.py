@@ -191,6 +191,7 @@ def assert_cross_ratios(run_dir, name, partners, summary, module) -> None:
             assert float(outside[rows].float().mean()) == pytest.approx(last, abs=1e-6), answer
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_grad_share_is_not_measured_without_partners_responses(tmp_path, zoo_cache):
     """gspo_x2's learners train on their own responses only: the diagnostic pass (about 5 % of a step) would
     measure a share of 0 every time, so it does not run."""

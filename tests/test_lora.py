@@ -174,6 +174,7 @@ def assert_only_the_adapter_moved(weights: Weights, lora: str = "tiny_a") -> Non
     assert weights.optimizer_tensors[lora] == len(adapters)  # AdamW state for the adapter only
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_a_mixed_run_trains_only_the_adapter_of_the_lora_agent_and_every_weight_of_the_other(tmp_path, zoo_cache,
                                                                                               script_main, capsys):
     """Then evaluate.py scores the merged export and the adapter alone as the run's own final evaluation did."""

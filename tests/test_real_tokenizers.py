@@ -348,6 +348,7 @@ def test_the_heterogeneous_pair_trains_one_step_on_cpu(tmp_path, zoo_cache):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_the_pair_s_cross_ratios_are_scored_without_training(agents, zoo_cache, tmp_path):
     """`pair_ratios.score_pair` (scripts/pair_ratios.py) on the pair, its agents loaded once for the module: each
     answers a prompt twice, the other scores both answers in its own tokens; one finite log-ratio per partner response,

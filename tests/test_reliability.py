@@ -128,6 +128,7 @@ def test_nonfinite_update_is_skipped_for_that_agent_only_and_the_run_continues(t
     assert len(warned) == 1 and "agent 'tiny_b'" in warned[0] and "at step 1" in warned[0]
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_repeated_nonfinite_steps_stop_the_run_with_a_clear_error(tmp_path, zoo_cache):
     """max_nonfinite_skips=1: one faulty step is tolerated, the second in a row stops the run."""
     recorder = Recorder()
@@ -216,6 +217,7 @@ def degenerate_rollout(monkeypatch):
     monkeypatch.setattr(RolloutDataModule, "gather", gather)
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_degenerate_rollouts_complete_the_step_and_are_counted(tmp_path, zoo_cache, monkeypatch):
     degenerate_rollout(monkeypatch)
     recorder = Recorder()

@@ -83,6 +83,7 @@ def test_thousand_responses_with_adversarial_ones_match_a_serial_run(caplog):
     assert pool._pool is None  # closed by the context manager
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_crashes_and_hangs_score_zero_are_counted_and_the_pool_recovers(caplog):
     responses = ["\\boxed{1}", "CRASH", "\\boxed{2}", "SEGV", "SLEEP", "SPIN", "RAISE", "\\boxed{3}"]
     golds = ["1", "1", "2", "1", "1", "1", "1", "4"]

@@ -321,6 +321,7 @@ def test_overwrite_deletes_only_what_the_run_wrote_and_keeps_the_users_files(tmp
     assert not any("tiny_b" in key for key in weights(run / "checkpoints" / "step_0000001.ckpt"))
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_a_run_directory_in_use_by_another_process_is_refused(tmp_path, zoo_cache):
     run = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", (

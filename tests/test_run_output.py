@@ -17,6 +17,7 @@ TINY = ["data.prompts_per_step=2", "trainer.mini_batch_prompts=2", "rollout.grou
 # scripts/train.py writes to a pipe).
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_tensorboard_has_the_config_as_hparams_and_eval_points_on_the_training_steps(tmp_path, zoo_cache):
     """The real event files: the resolved config as hparams (from the typed TrainConfig), and each held-out
     evaluation at the step after which it ran, the step of that step's training scalars (initial: 0)."""

@@ -93,6 +93,7 @@ class Spy:
         self._last = now
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_one_hacpo_step_on_three_agents(tmp_path, zoo_cache, monkeypatch):
     spy = Spy(monkeypatch)
     cfg = config(tmp_path, zoo_cache, THREE, "trainer.steps=1")
@@ -112,6 +113,7 @@ def test_one_hacpo_step_on_three_agents(tmp_path, zoo_cache, monkeypatch):
         assert row["responses_trained"] == n * prompts * 2
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_single_agent_algorithm_trains_side_by_side_without_sharing(tmp_path, zoo_cache, monkeypatch):
     spy = Spy(monkeypatch)
     summary = train(config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "algorithm=gspo", "trainer.steps=1"))
@@ -121,6 +123,7 @@ def test_single_agent_algorithm_trains_side_by_side_without_sharing(tmp_path, zo
     assert all(changed <= {who} for who, changed in spy.steps)  # (all-equal rewards give no gradient)
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_the_clip_schedule_callback_is_the_one_source_of_the_cross_bound(tmp_path, zoo_cache, monkeypatch):
     """The loss receives the bounds the callback gives: change the callback's delta_step (not the
     config) and the bounds of every mini-batch change with it."""
@@ -140,6 +143,7 @@ def test_the_clip_schedule_callback_is_the_one_source_of_the_cross_bound(tmp_pat
     assert module.last_metrics["tiny_a/clip/cross_lower"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_rollouts_are_on_policy(tmp_path, zoo_cache, monkeypatch):
     spy = Spy(monkeypatch)
     train(config(tmp_path, zoo_cache, "agents=[tiny_a,tiny_b]", "trainer.steps=3"))

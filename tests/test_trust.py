@@ -209,6 +209,7 @@ def test_exports_through_a_link_are_refused_and_its_target_kept(tmp_path, zoo_ca
     assert (theirs / "tiny_a" / "notes.txt").read_text() == "keep me\n" and (run_dir / "exports").is_symlink()
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_a_run_whose_checkpoints_folder_is_a_link_resumes(run, tmp_path, zoo_cache):
     copy = tmp_path / "run"
     shutil.copytree(run, copy)

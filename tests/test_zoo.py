@@ -111,6 +111,7 @@ def test_damaged_shipped_weights_are_refused_not_rebuilt(shipped_copy, tmp_path)
     assert not any((tmp_path / "cache").glob("tiny_a-*"))
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_ship_then_verify_reports_every_difference(quick_preset, shipped_copy, tmp_path):
     """`ship` records a build of the recipe; `verify` rebuilds and finds it bit-identical on the machine that
     shipped it, and names the tensor and the size of a difference when the shipped weights came from a CPU
@@ -138,6 +139,7 @@ def test_ship_then_verify_reports_every_difference(quick_preset, shipped_copy, t
     assert any(f"largest weight difference 0.001 ({key})" in p for p in problems), problems
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_a_changed_recipe_is_built_here_and_says_so(quick_preset, shipped_copy, tmp_path, monkeypatch):
     zoo.ship("quick", log=lambda _: None)
     changed = replace(quick_preset, seed=quick_preset.seed + 1)
@@ -150,6 +152,7 @@ def test_a_changed_recipe_is_built_here_and_says_so(quick_preset, shipped_copy, 
     assert any("recipe differs from the build shipped" in m and "ship quick" in m for m in messages)
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_cli_verify_fails_loudly_on_a_difference(quick_preset, shipped_copy, capsys):
     zoo.ship("quick", log=lambda _: None)
     assert zoo_main(["verify", "quick"]) == 0
@@ -254,6 +257,7 @@ def test_loading_a_preset_again_uses_the_cache(zoo_agents, zoo_cache, load_zoo_a
     assert builds("tiny_a") == before and (entry / MANIFEST).stat().st_mtime_ns == stamp
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_a_damaged_entry_is_rebuilt(quick_preset, tmp_path):
     before = builds("quick")
     builds_now = lambda: builds("quick") - before  # noqa: E731
@@ -272,6 +276,7 @@ def test_a_damaged_entry_is_rebuilt(quick_preset, tmp_path):
     assert read_manifest(entry)["files"]["model.safetensors"]["sha256"] == digest  # deterministic builds
 
 
+@pytest.mark.slow  # over 1 s: out of make test-fast
 def test_a_build_does_not_depend_on_the_thread_count(quick_preset, tmp_path):
     """Builds run on `zoo.BUILD_THREADS` threads whatever the caller's count, which they restore."""
     previous, digests = torch.get_num_threads(), set()
