@@ -26,7 +26,7 @@ A lent GPU comes rarely and for minutes (docs/GPU.md), so nothing is written the
   gradient under bf16 autocast against the same in fp32 on the same weights (the drift).
 - `bare`: a plain transformers loop at `single`'s settings for each built agent (`part_bare`): the update's
   ceiling without the framework; the report gives `single`'s update TFLOP/s over it (`update_over_bare`).
-- `profile`: `single`'s settings for `PROFILE_STEPS` steps under `torch.profiler` (`StepProfile`): each step's
+- `profile`: `single`'s settings for `PROFILE_STEPS` steps under `torch.profiler` (`step_profile`): each step's
   top entries and the CUDA allocator's counters, for what the first step pays once.
 - `varied`: `single` with each response cut to a seeded length in [`VARIED_LOW`·L, L], `FSDP_STEPS` steps: the
   passes' padding (`{agent}/perf/padding_frac/*`, reported for every training part) when rows differ in length.
@@ -560,7 +560,7 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bo
     first_clipped = watch_first_mini_batch(module)
     profiles: list = []
     if profile:
-        callbacks = [*callbacks, StepProfile(profiles)]
+        callbacks = [*callbacks, step_profile(profiles)]
     parameters = {name: sum(p.numel() for p in agent.model.parameters()) for name, agent in module.agents.items()}
 
     def result(peaks: list) -> dict:
@@ -587,53 +587,52 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bo
     return out
 
 
-class StepProfile:
-    """A Lightning callback (built lazily: this module imports no torch at its top): each of the first
-    `PROFILE_STEPS` steps under `torch.profiler` (CPU, and CUDA where it is), its `PROFILE_TOP` entries by self
-    device time (CPU time without CUDA), and the CUDA caching allocator's counters over the step (segments
-    allocated from the driver, allocation retries): what a first step pays that a later one does not."""
+def step_profile(profiles: list):
+    """A Lightning callback (its class built here: this module imports no torch at its top) that runs each of the
+    first `PROFILE_STEPS` steps under `torch.profiler` (CPU, and CUDA where it is) and appends to `profiles` its
+    `PROFILE_TOP` entries by self device time (CPU time without CUDA) and the CUDA caching allocator's counters
+    over the step (segments allocated from the driver, allocation retries): what a first step pays that a later
+    one does not."""
+    import lightning.pytorch as pl
+    import torch
 
-    def __new__(cls, profiles: list):
-        import lightning.pytorch as pl
-        import torch
+    class _StepProfile(pl.Callback):
+        def __init__(self):
+            self.profiler, self.before = None, {}
 
-        class _StepProfile(pl.Callback):
-            def __init__(self):
-                self.profiler, self.before = None, {}
+        def on_train_batch_start(self, *_) -> None:
+            if len(profiles) >= PROFILE_STEPS:
+                return
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+                self.before = torch.cuda.memory_stats()
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.__enter__()
+            self.started = time.perf_counter()
 
-            def on_train_batch_start(self, *_) -> None:
-                if len(profiles) >= PROFILE_STEPS:
-                    return
-                activities = [torch.profiler.ProfilerActivity.CPU]
-                if torch.cuda.is_available():
-                    activities.append(torch.profiler.ProfilerActivity.CUDA)
-                    self.before = torch.cuda.memory_stats()
-                self.profiler = torch.profiler.profile(activities=activities)
-                self.profiler.__enter__()
-                self.started = time.perf_counter()
+        def on_train_batch_end(self, *_) -> None:
+            if self.profiler is None:
+                return
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - self.started
+            self.profiler.__exit__(None, None, None)
+            cuda = torch.cuda.is_available()
+            key = "self_device_time_total" if cuda else "self_cpu_time_total"
+            events = sorted(self.profiler.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)
+            top = [{"name": e.key, "calls": e.count, "self_s": round(getattr(e, key, 0.0) / 1e6, 4)}
+                   for e in events[:PROFILE_TOP]]
+            row = {"step": len(profiles), "seconds": round(seconds, 3), "top": top}
+            if cuda:
+                after = torch.cuda.memory_stats()
+                row["allocator"] = {name: after.get(name, 0) - self.before.get(name, 0)
+                                    for name in ("segment.all.allocated", "num_alloc_retries",
+                                                 "num_device_alloc")}
+            profiles.append(row)
+            self.profiler = None
 
-            def on_train_batch_end(self, *_) -> None:
-                if self.profiler is None:
-                    return
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - self.started
-                self.profiler.__exit__(None, None, None)
-                cuda = torch.cuda.is_available()
-                key = "self_device_time_total" if cuda else "self_cpu_time_total"
-                events = sorted(self.profiler.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)
-                top = [{"name": e.key, "calls": e.count, "self_s": round(getattr(e, key, 0.0) / 1e6, 4)}
-                       for e in events[:PROFILE_TOP]]
-                row = {"step": len(profiles), "seconds": round(seconds, 3), "top": top}
-                if cuda:
-                    after = torch.cuda.memory_stats()
-                    row["allocator"] = {name: after.get(name, 0) - self.before.get(name, 0)
-                                        for name in ("segment.all.allocated", "num_alloc_retries",
-                                                     "num_device_alloc")}
-                profiles.append(row)
-                self.profiler = None
-
-        return _StepProfile()
+    return _StepProfile()
 
 
 BARE_PROMPT_TOKENS = 32
