@@ -620,6 +620,64 @@ def describe_fixes(changes: List[dict], gpu_bytes: int) -> str:
     return "\n".join(lines)
 
 
+LARGER_PASSES_HEADROOM = 0.9
+"""`larger_passes` proposes only a plan within this share of one GPU: the activation figure is an estimate (within
+20 % of the profiler's, tests/test_memory_plan.py), and the allocator fragments what is left."""
+
+
+def learner_rows(cfg: TrainConfig) -> int:
+    """The rows of one learner's mini-batch on one rank: its prompts' own responses and every partner's (or
+    `algorithm.cross_samples_per_prompt` of each), the prompts split over the data-parallel ranks."""
+    from hacrl_lightning.config import parse_cross_samples
+
+    own = cfg.responses_per_prompt
+    cap = parse_cross_samples(cfg.algorithm.cross_samples_per_prompt)
+    per_prompt = own + (len(cfg.agents) - 1) * (own if cap is None else min(cap, own))
+    ranks = 1 if cfg.trainer.placement == "split" else cfg.trainer.world_size
+    return max(1, cfg.trainer.mini_batch_prompts // ranks) * per_prompt
+
+
+def larger_passes(cfg: TrainConfig, architectures: Mapping[str, Architecture], gpu_bytes: int) -> Optional[dict]:
+    """For a run that fits with room to spare: the largest passes that still fit within LARGER_PASSES_HEADROOM of
+    one GPU, as `trainer.micro_batch_size` (a whole mini-batch's rows on one rank) and `trainer.micro_batch_tokens`
+    (the token budget, doubled from what a pass holds today), with the plan's total; None when no larger pass fits
+    or a pass already holds a whole mini-batch. Fewer, fuller passes run faster on a GPU: the 2026-11-28 H200 bare
+    loop reached 20 % MFU at 8 rows of 288 tokens and 28 % at 32 (docs/GPU.md)."""
+    tr = cfg.trainer
+    longest = max(agent.max_prompt_len + agent.max_response_len for agent in cfg.agents.values())
+    rows = learner_rows(cfg)
+    now = min(tr.micro_batch_tokens or tr.micro_batch_size * longest, tr.micro_batch_size * longest)
+    whole = rows * longest  # a mini-batch's rows at the longest length: no pass needs more
+    if now >= whole:
+        return None
+    trial = copy.deepcopy(cfg)
+    trial.trainer.micro_batch_size = rows
+    best = None
+    budget = now
+    while budget < whole:
+        budget = min(2 * budget, whole)
+        trial.trainer.micro_batch_tokens = budget
+        plan = plan_memory(trial, architectures, gpu_bytes)
+        if not plan.fits or plan.total > LARGER_PASSES_HEADROOM * gpu_bytes:
+            break
+        best = (budget, plan.total)
+    if best is None:
+        return None
+    budget, total = best
+    overrides = [f"trainer.micro_batch_size={rows}"] + ([f"trainer.micro_batch_tokens={budget}"] if budget < whole
+                                                         else ["trainer.micro_batch_tokens=0"] * bool(tr.micro_batch_tokens))
+    return {"overrides": overrides, "total": total, "tokens": budget, "tokens_now": now,
+            "why": f"passes of up to {budget:,} tokens instead of {now:,}: fewer, fuller passes, the same update"}
+
+
+def describe_larger_passes(proposal: Optional[dict], gpu_bytes: int) -> str:
+    """One line for `scripts/plan.py` (empty without a proposal)."""
+    if not proposal:
+        return ""
+    return (f"room for larger passes: {' '.join(proposal['overrides'])}: {proposal['total'] / GIB:.1f} GiB of "
+            f"{gpu_bytes / GIB:.1f} ({proposal['why']}; docs/PERFORMANCE.md#the-update-loop-on-a-gpu)")
+
+
 # ---------------------------------------------------------------------------------------------------
 # the run's plan, and the preflight's refusal
 
@@ -682,4 +740,4 @@ def lora_rank_problems(cfg: TrainConfig) -> List[Problem]:
 
 
 __all__ = ["AgentMemory", "MemoryPlan", "plan_memory", "fixes", "with_changes", "describe_fixes", "lora_rank_problems",
-           "memory_problems", "gpu_memory_bytes"]
+           "memory_problems", "gpu_memory_bytes", "larger_passes", "describe_larger_passes", "learner_rows"]

@@ -14,7 +14,9 @@ gradient checkpointing, the engine's weights and KV cache, the peak of every pha
 (rollout, old log-probs and update of each agent, weight sync; with trainer.placement=split per group, with
 trainer.offload_idle and rollout.sleep what they free), and the largest against one GPU's memory (the
 device's own where CUDA is present, else trainer.gpu_memory_gib, 80 by default); when it does not fit,
-the changes that would make it fit, cheapest first, and the plan they reach. train.py runs the same check on a GPU and refuses a
+the changes that would make it fit, cheapest first, and the plan they reach; when it fits with room, the largest
+passes that still fit (`trainer.micro_batch_size` and `trainer.micro_batch_tokens`: fewer, fuller passes, the same
+update). train.py runs the same check on a GPU and refuses a
 run that cannot fit (docs/PERFORMANCE.md#the-memory-plan).
 
 Flags: --json PATH (the same figures, with "fits": true|false; a new file, or one an earlier plan.py wrote:
@@ -138,7 +140,8 @@ def main(argv: list[str]) -> int:
         print(OmegaConf.to_yaml(dcfg, resolve=True), end="")
         return 0
     from hacrl_lightning.architecture import run_architectures
-    from hacrl_lightning.memory import describe_fixes, fixes, gpu_memory_bytes, plan_memory, with_changes
+    from hacrl_lightning.memory import (describe_fixes, describe_larger_passes, fixes, gpu_memory_bytes, larger_passes,
+                                        plan_memory, with_changes)
 
     if nodes is not None:
         cfg.trainer.num_nodes = nodes
@@ -149,8 +152,11 @@ def main(argv: list[str]) -> int:
     gpu_bytes, source = gpu_memory_bytes(cfg)
     plan = plan_memory(cfg, architectures, gpu_bytes)
     changes = [] if plan.fits else fixes(cfg, architectures, gpu_bytes)
+    larger = larger_passes(cfg, architectures, gpu_bytes) if plan.fits else None
     print(plan.table())
     print(f"one GPU: {gpu_bytes / 2**30:.1f} GiB ({source})")
+    if larger:
+        print(describe_larger_passes(larger, gpu_bytes))
     if not plan.fits:
         print("changes that would make it fit, cheapest first (each with the plan's total after it):")
         print(describe_fixes(changes, gpu_bytes))
@@ -161,7 +167,8 @@ def main(argv: list[str]) -> int:
         from hacrl_lightning.files import write_atomically
 
         write_atomically(Path(json_path).expanduser(),
-                         json.dumps({"written_by": WRITER, **plan.to_json(changes)}, indent=2) + "\n")
+                         json.dumps({"written_by": WRITER, **plan.to_json(changes), "larger_passes": larger},
+                                    indent=2) + "\n")
         print(f"plan: {json_path}")
     if nodes is not None:
         print("\n# sbatch script:\n" + sbatch_script(overrides, nodes=nodes, devices=cfg.trainer.devices))

@@ -29,8 +29,8 @@ from hacrl_lightning.architecture import (Architecture, UnknownArchitecture, arc
 from hacrl_lightning.cli import compose_config
 from hacrl_lightning.config import AgentConfig
 from hacrl_lightning.errors import ConfigError
-from hacrl_lightning.memory import (GIB, LOGPROB_TOKENS, activation_peak, fixes, memory_problems, plan_memory,
-                                   with_changes)
+from hacrl_lightning.memory import (GIB, LARGER_PASSES_HEADROOM, LOGPROB_TOKENS, activation_peak, fixes, larger_passes,
+                                   learner_rows, memory_problems, plan_memory, with_changes)
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = ("tiny_a", "tiny_b", "tiny_c", "tiny_d", "tiny_e", "tiny_qwen3", "tiny_llama32")
@@ -228,6 +228,40 @@ def test_plan_script_json_and_its_changes_fit(script_main, capsys, tmp_path):
     assert main([*overrides, *applied, "--json", str(tmp_path / "plan.json")]) == 0  # what it says, fits; its own
     fixed = json.loads((tmp_path / "plan.json").read_text())  # file replaced
     assert fixed["fits"] is True and fixed["bytes"]["total"] == plan["changes"][-1]["total"]
+
+
+def test_a_learner_s_mini_batch_rows_by_hand():
+    def rows(*overrides):
+        return learner_rows(compose_config(["agents=[tiny_a,tiny_b,tiny_c]", "data.prompts_per_step=16",
+                                            "trainer.mini_batch_prompts=8", "rollout.group_size=4", *overrides])[0])
+
+    assert rows() == 8 * (4 + 2 * 4)                                      # own 4 + two partners' 4 per prompt
+    assert rows("algorithm.cross_samples_per_prompt=2") == 8 * (4 + 2 * 2)  # two of each partner's
+    assert rows("trainer=fsdp", "trainer.devices=2") == 4 * (4 + 2 * 4)     # the prompts split over 2 ranks
+
+
+def test_with_room_plan_proposes_the_largest_passes_that_fit_and_what_it_says_plans_as_said(script_main, capsys,
+                                                                                             tmp_path):
+    overrides = ["experiment=paper_model_qwen3_1_7b_llama3_1b", "trainer.micro_batch_size=2",
+                 "trainer.gpu_memory_gib=139"]
+    cfg = compose_config(overrides)[0]
+    architectures, _ = run_architectures(cfg)
+    gpu = 139 * GIB
+    proposal = larger_passes(cfg, architectures, gpu)
+    assert proposal["overrides"][0] == f"trainer.micro_batch_size={learner_rows(cfg)}"
+    assert proposal["tokens"] > proposal["tokens_now"] == 2 * 5120  # 2 rows of the longest 5,120 tokens today
+    bigger = with_changes(cfg, [{"overrides": proposal["overrides"]}])
+    assert plan_memory(bigger, architectures, gpu).total == proposal["total"] <= LARGER_PASSES_HEADROOM * gpu
+    bigger.trainer.micro_batch_tokens = 2 * proposal["tokens"]  # the next doubling: past the headroom
+    assert plan_memory(bigger, architectures, gpu).total > LARGER_PASSES_HEADROOM * gpu
+    main = script_main("plan")
+    assert main([*overrides, "--json", str(tmp_path / "plan.json")]) == 0
+    assert f"room for larger passes: {' '.join(proposal['overrides'])}" in capsys.readouterr().out
+    assert json.loads((tmp_path / "plan.json").read_text())["larger_passes"]["tokens"] == proposal["tokens"]
+    # no proposal where a pass already holds a whole mini-batch, nor for a run that does not fit
+    whole = compose_config([*overrides, f"trainer.micro_batch_size={learner_rows(cfg)}"])[0]
+    assert larger_passes(whole, architectures, gpu) is None
+    assert larger_passes(cfg, architectures, 20 * GIB) is None
 
 
 def test_plan_script_takes_any_agent_list_with_the_experiments_shared_settings(script_main, capsys, tmp_path):
