@@ -24,6 +24,7 @@ from torch import Tensor
 
 from hacrl_lightning.agents.agent import Agent, first_target_column
 from hacrl_lightning.algorithms import sequence_mean_logp
+from hacrl_lightning.algorithms.objective import rows_present
 from hacrl_lightning.exchange import AgentView
 from hacrl_lightning.plan import MicroBatch, StepPlan
 
@@ -143,8 +144,12 @@ def loss_inputs(view: AgentView, micro: AgentView, rows: Tensor, mini: Tensor, l
         own, new = put(micro.is_own), logp.detach()
         old_logp = torch.where(own[:, None], new.to(old_logp.dtype), old_logp)
         old_logp_mean = torch.where(own, sequence_mean_logp(new, loss_mask).to(old_logp_mean.dtype), old_logp_mean)
+    host_mask = view.loss_mask[rows]                                                       # [b, T] on the host
+    if part is not None:
+        host_mask = host_mask & (view.is_own[rows] if part == "self" else ~view.is_own[rows])[:, None]
+    present = rows_present(host_mask, view.is_own[rows], None if part is not None else tables.rewards[rows])
     return dict(
-        logp_new=logp, loss_mask=loss_mask, is_own=micro.is_own, cross_lower=cross_lower,
+        logp_new=logp, loss_mask=loss_mask, is_own=micro.is_own, cross_lower=cross_lower, present=present,
         advantages=put(tables.advantages[rows]),
         old_logp_mean=old_logp_mean,
         old_logp=old_logp,

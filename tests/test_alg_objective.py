@@ -272,3 +272,48 @@ def test_a_registered_cross_loss_is_one_function(monkeypatch):
     expected = run(get_preset("hacpo_no_omega"))
     assert torch.equal(loss, expected[0]) and torch.equal(grad, expected[2])
     assert metrics["omega/cross_mean"].item() == 1.0
+
+
+def test_rows_present_by_hand():
+    from hacrl_lightning.algorithms.objective import rows_present
+
+    mask = torch.tensor([[True, False], [False, False], [True, True]])  # row 1 has no token
+    is_own = torch.tensor([True, False, False])
+    assert rows_present(mask, is_own) == {"self": True, "cross": True, "self_correct": False, "self_wrong": False,
+                                          "cross_correct": False, "cross_wrong": False}
+    rewards = torch.tensor([0.0, 1.0, 1.0])  # the empty partner row's reward counts for nothing
+    assert rows_present(mask, is_own, rewards) == {"self": True, "cross": True, "self_correct": False,
+                                                   "self_wrong": True, "cross_correct": True, "cross_wrong": False}
+    assert rows_present(mask, torch.ones(3, dtype=torch.bool))["cross"] is False
+
+
+LOSS_CASES = {"hacpo": ("hacpo", {}), "naive": ("naive", {}), "grpo dual-clip": ("grpo", {"dual_clip_c": 3.0}),
+              "hacpo kl": ("hacpo", {"kl_coef": 0.1}), "gspo rollout-is": ("gspo", {"rollout_is_cap": 2.0})}
+
+
+@pytest.mark.parametrize("case", list(LOSS_CASES))
+def test_with_the_host_s_presence_the_loss_reads_nothing_back(case):
+    """On the meta device a tensor has a shape and no values: a read to the host (`bool`, `.item()`) or a mask
+    index (whose size a GPU reports back first) fails there. With `present=` from the host's copies the whole loss,
+    metrics included, runs on it; on the CPU it equals the loss that computes its presence itself."""
+    from hacrl_lightning.algorithms.objective import rows_present
+
+    name, changes = LOSS_CASES[case]
+    cfg = replace(get_preset(name), **changes)
+    is_own = torch.ones(4, dtype=torch.bool) if cfg.loss_settings()["ratio_level"] == "token" else IS_OWN
+    logp, mask = rows(NEW_MEANS, LENGTHS, 4)
+    old = torch.where(mask, logp - 0.05, torch.zeros_like(logp))
+    inputs = dict(loss_mask=mask, advantages=ADV, is_own=is_own, old_logp_mean=OLD_MEANS, omega_factor=OMEGA,
+                  old_logp=old, ref_logp=old - 0.1, engine_logp=old + 0.01,
+                  rewards=torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=D))
+    present = rows_present(mask, is_own, inputs["rewards"])
+    settings = preset_loss(cfg, 1)
+    loss, metrics = hacpo_loss(**settings, logp_new=logp.clone().requires_grad_(True), **inputs)
+    given, given_metrics = hacpo_loss(**settings, logp_new=logp.clone().requires_grad_(True), present=present, **inputs)
+    assert torch.equal(loss, given) and given_metrics.keys() == metrics.keys()
+    assert all(torch.equal(metrics[key], given_metrics[key]) for key in metrics)
+    meta = {key: value.to("meta") if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}
+    meta_loss, meta_metrics = hacpo_loss(**settings, logp_new=logp.to("meta").requires_grad_(True), present=present,
+                                         **meta)
+    meta_loss.backward()
+    assert meta_loss.device.type == "meta" and meta_metrics.keys() == metrics.keys()

@@ -56,7 +56,7 @@ CONVERSIONS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int
 class Conversions:
     """Every tensor-to-host conversion (`CONVERSIONS`) while `phase` is set and no host-side or foreign function
     runs (`paused`), as (phase, name) events beside the passes' own events; `foreign` counts those of the model's
-    forward, the loss and the optimizer (not the update loop's to remove)."""
+    forward and the optimizer (not the update loop's to remove)."""
 
     def __init__(self):
         self.events: list[tuple[str, object]] = []
@@ -119,10 +119,11 @@ def one_step(tmp_path_factory, zoo_cache):
                 return _real(self, *args, **kwargs)
 
             patch.setattr(torch.Tensor, name, counted)
-        # host-side by construction (the host's view), and foreign: the model, the loss, the optimizer
+        # host-side by construction (the host's view), and foreign: the model, the optimizer
         patch.setattr(AgentView, "select", seen.pausing(AgentView.select))
         patch.setattr(update_file, "first_target_column", seen.pausing(update_file.first_target_column))
-        patch.setattr(module_file, "hacpo_loss", seen.pausing(module_file.hacpo_loss))
+        patch.setattr(update_file, "rows_present", seen.pausing(update_file.rows_present))  # of the host's view
+        # the loss is not paused: given the host's `rows_present`, it reads nothing back either
         patch.setattr(torch.optim.AdamW, "step", seen.pausing(torch.optim.AdamW.step))
         real_logprobs = Agent.token_logprobs
 

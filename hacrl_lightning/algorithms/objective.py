@@ -39,7 +39,7 @@ from hacrl_lightning.algorithms.losses import (
 
 __all__ = [
     "ANSWERS", "CROSS_LOSSES", "CROSS_TERMS", "LOSS_MODES", "METRIC_NAMES", "RATIO_LEVELS", "RATIO_TERMS", "SETTINGS",
-    "LossSettings", "hacpo_loss", "register_cross_loss", "register_ratio_level",
+    "LossSettings", "PRESENCE", "hacpo_loss", "register_cross_loss", "register_ratio_level", "rows_present",
 ]
 
 ANSWERS = ("correct", "wrong")
@@ -55,6 +55,10 @@ METRIC_NAMES = tuple(
 """Every key `hacpo_loss` may put in its metrics (a call returns the ones its batch has). A rate is a mean
 over the part's responses (`count/self` or `count/cross`), or, for `diag/{part}_nograd_frac_{answer}`,
 over the part's correct or wrong responses (`count/{part}_{answer}`): `LossStats` weights it by that count."""
+
+PRESENCE = ("self", "cross", *(f"{part}_{answer}" for part in ("self", "cross") for answer in ANSWERS))
+"""The kinds of rows a batch may hold or lack (`rows_present`): own (`self`) and partners' (`cross`) rows with a
+token, and with rewards each part's correct and wrong ones. A metric over an absent kind is left out."""
 
 LossTerm = Callable[["LossInputs", "LossSettings"], Tuple[Tensor, "Metrics"]]
 """A policy term by ratio level: (inputs, settings) -> (per-token objective [B, T] to maximise, metrics)."""
@@ -163,6 +167,21 @@ class LossInputs:
     old_logp: Optional[Tensor]
     omega_factor: Optional[Tensor]
     rewards: Optional[Tensor]
+    present: Dict[str, bool]  # PRESENCE -> whether the batch holds such rows (host values: branching reads nothing)
+
+
+def rows_present(loss_mask: Tensor, is_own: Tensor, rewards: Optional[Tensor] = None) -> Dict[str, bool]:
+    """`PRESENCE` -> whether the batch holds such rows, read to the host in one copy. `hacpo_loss` takes it as
+    `present=` computed from the host's copies of `loss_mask`, `is_own` and `rewards` (the caller built the batch
+    there), so on a GPU its branches wait for nothing; without it, it computes it here (one synchronisation)."""
+    valid = loss_mask.bool().any(dim=-1)  # [B]
+    own, cross = is_own.bool() & valid, ~is_own.bool() & valid  # [B], [B]
+    kinds = [own, cross]
+    if rewards is not None:
+        correct = rewards.to(valid.device) > 0  # [B]
+        kinds += [own & correct, own & ~correct, cross & correct, cross & ~correct]
+    values = torch.stack([k.any() for k in kinds]).tolist()
+    return {key: (bool(values[i]) if i < len(values) else False) for i, key in enumerate(PRESENCE)}
 
 
 def hacpo_loss(
@@ -182,6 +201,7 @@ def hacpo_loss(
     total_seqs: Union[float, Tensor, None] = None,
     loss_scale_factor: Optional[float] = None,
     kl_micro_batches: Union[float, Tensor] = 1.0,
+    present: Optional[Dict[str, bool]] = None,
     **settings: Any,
 ) -> Tuple[Tensor, Metrics]:
     """Loss of learner k on one mini-batch (paper Eq. 53: J = J_homo + J_hete; loss = -J aggregated).
@@ -222,6 +242,9 @@ def hacpo_loss(
       rollout_is_cap, engine_logp [B, T]: with a cap > 0, each own response token's policy term is
                             weighted by `truncated_is_weight(old_logp, engine_logp, cap)` (the sampler's
                             log-probs, NaN where unknown; needs old_logp); cross rows keep weight 1
+      present               `rows_present` of the host's copies of loss_mask, is_own and rewards (None: computed
+                            here, one read to the host); every statistic is a masked reduction, so with it no
+                            value is read back and no shape depends on one (it runs on the meta device)
     Returns (loss, metrics); metrics are detached, and keys of an absent part (no own or no cross
     responses in this batch) are left out.
 
@@ -233,8 +256,9 @@ def hacpo_loss(
     with its denominator `count/{part}_{answer}` (a fraction whose denominator is 0 is left out).
     """
     s = loss_settings(**settings)
+    present = rows_present(loss_mask, is_own, rewards) if present is None else dict(present)
     x = _inputs(logp_new, loss_mask, advantages, is_own, cross_lower=cross_lower, old_logp_mean=old_logp_mean,
-                old_logp=old_logp, omega_factor=omega_factor, rewards=rewards)
+                old_logp=old_logp, omega_factor=omega_factor, rewards=rewards, present=present)
     loss_mat, metrics = RATIO_TERMS[s.ratio_level](x, s)  # [B, T]
     if s.rollout_is_cap > 0:
         loss_mat = loss_mat * _rollout_is_weight(x, s.rollout_is_cap, engine_logp, metrics)  # [B, T]
@@ -303,21 +327,22 @@ def _sequence_term(x: LossInputs, s: LossSettings) -> Tuple[Tensor, Metrics]:
     own_term = ppo_clip_term(ratio, x.advantages, **s.clip)  # [B]
     cross_term, cross_nograd, metrics = CROSS_TERMS[s.cross_loss](x, s, ratio, own_term)  # [B], [B]
     term = torch.where(x.is_own, own_term, cross_term)  # [B]
-    _ppo_metrics(metrics, "self", ratio, x.advantages, x.own, **s.clip)
+    if x.present["self"]:
+        _ppo_metrics(metrics, "self", ratio, x.advantages, x.own, **s.clip)
     if x.rewards is not None:
         batch = ratio.shape[0]
         if x.rewards.shape != (batch,):
             raise ValueError(f"rewards must have shape [{batch}], got {tuple(x.rewards.shape)}")
         correct = x.rewards.to(ratio.device) > 0  # [B]
-        _nograd_metrics(metrics, "self", _ppo_nograd(ratio, x.advantages, **s.clip), x.own, correct)
-        _nograd_metrics(metrics, "cross", cross_nograd, x.cross, correct)
+        _nograd_metrics(metrics, "self", _ppo_nograd(ratio, x.advantages, **s.clip), x.own, correct, x.present)
+        _nograd_metrics(metrics, "cross", cross_nograd, x.cross, correct, x.present)
     return term[:, None].expand_as(x.logp_new), metrics  # [B, T]
 
 
 @register_ratio_level("token")
 def _token_term(x: LossInputs, s: LossSettings) -> Tuple[Tensor, Metrics]:
     """GRPO's per-token ratios with the own term (and verl's dual-clip); own responses only."""
-    if bool(x.cross.any()):
+    if x.present["cross"]:
         raise ValueError(
             "ratio_level='token' compares log-probs token by token and needs one tokenization: it "
             "supports own responses only; use ratio_level='sequence' for shared rollouts"
@@ -329,11 +354,13 @@ def _token_term(x: LossInputs, s: LossSettings) -> Tuple[Tensor, Metrics]:
     advantages = x.advantages[:, None]  # [B, 1]
     loss_mat = ppo_clip_term(ratio, advantages, **s.clip, dual_clip_c=s.dual_clip_c)  # [B, T]
     metrics: Metrics = {}
-    _ppo_metrics(metrics, "self", ratio, advantages.expand_as(ratio), x.mask & x.own[:, None], **s.clip)
-    if s.dual_clip_c and bool(x.own.any()):  # tokens the dual-clip holds at c·A (verl's pg_clipfrac_lower)
+    own_tokens = x.mask & x.own[:, None]  # [B, T]
+    if x.present["self"]:
+        _ppo_metrics(metrics, "self", ratio, advantages.expand_as(ratio), own_tokens, **s.clip)
+    if s.dual_clip_c and x.present["self"]:  # tokens the dual-clip holds at c·A (verl's pg_clipfrac_lower)
         held = (advantages < 0) & (ppo_clip_term(ratio.detach(), advantages, **s.clip)
                                    < s.dual_clip_c * advantages)  # [B, T]
-        metrics["clip/self_dual_frac"] = held[x.mask & x.own[:, None]].float().mean()
+        metrics["clip/self_dual_frac"] = _masked_mean(held.float(), own_tokens)
     return loss_mat, metrics
 
 
@@ -346,7 +373,7 @@ def _hacpo_cross(x: LossInputs, s: LossSettings, ratio: Tensor, own_term: Tensor
     term constant outside it, whatever the sign of A."""
     lower = x.cross_lower
     if lower is None:
-        if bool(x.cross.any()):
+        if x.present["cross"]:
             raise ValueError("cross responses with cross_loss='hacpo' need cross_lower (lower_m of Eq. 14, "
                              "e.g. `cross_clip_lower(m, delta, delta_step)`)")
         lower = 1.0  # no cross row reads it
@@ -356,14 +383,13 @@ def _hacpo_cross(x: LossInputs, s: LossSettings, ratio: Tensor, own_term: Tensor
     r = ratio.detach()  # [B]
     nograd = ((r < lower) | (r > 1.0)) if s.cross_clip else torch.zeros_like(r, dtype=torch.bool)  # [B]
     metrics: Metrics = {}
-    if bool(x.cross.any()):
-        rc = r[x.cross]
-        low = (rc < lower) if s.cross_clip else torch.zeros_like(rc, dtype=torch.bool)
-        high = (rc > 1.0) if s.cross_clip else torch.zeros_like(rc, dtype=torch.bool)
-        metrics.update(_ratio_stats("cross", rc))
-        metrics.update(_fractions("cross", low, high))
-        metrics["clip/cross_lower"] = rc.new_tensor(lower)
-        metrics["omega/cross_mean"] = omega_factor.detach()[x.cross].mean()
+    if x.present["cross"]:
+        low = (r < lower) if s.cross_clip else torch.zeros_like(r, dtype=torch.bool)  # [B]
+        high = (r > 1.0) if s.cross_clip else torch.zeros_like(r, dtype=torch.bool)  # [B]
+        metrics.update(_ratio_stats("cross", r, x.cross))
+        metrics.update(_fractions("cross", low, high, x.cross))
+        metrics["clip/cross_lower"] = r.new_tensor(lower)
+        metrics["omega/cross_mean"] = _masked_mean(omega_factor.detach(), x.cross)
     return term, nograd, metrics
 
 
@@ -371,7 +397,8 @@ def _hacpo_cross(x: LossInputs, s: LossSettings, ratio: Tensor, own_term: Tensor
 def _self_cross(x: LossInputs, s: LossSettings, ratio: Tensor, own_term: Tensor) -> Tuple[Tensor, Tensor, Metrics]:
     """Naive sharing: the own-response term on partners' responses too."""
     metrics: Metrics = {}
-    _ppo_metrics(metrics, "cross", ratio, x.advantages, x.cross, **s.clip)
+    if x.present["cross"]:
+        _ppo_metrics(metrics, "cross", ratio, x.advantages, x.cross, **s.clip)
     return own_term, _ppo_nograd(ratio, x.advantages, **s.clip), metrics
 
 
@@ -381,7 +408,7 @@ def _omega(x: LossInputs, ratio: Tensor, use_omega: bool) -> Tensor:
     if not use_omega:
         omega_factor = torch.ones_like(ratio)
     elif omega_factor is None:
-        if bool(x.cross.any()):
+        if x.present["cross"]:
             raise ValueError("cross responses with use_omega need omega_factor [B] = omega[source, learner]")
         omega_factor = torch.ones_like(ratio)
     elif omega_factor.shape != ratio.shape:
@@ -404,9 +431,9 @@ def _rollout_is_weight(x: LossInputs, cap: float, engine_logp: Optional[Tensor],
         raise ValueError(f"rollout_is_cap={cap} needs old_logp and engine_logp [B, T] of own responses")
     own_tokens = x.mask & x.own[:, None]  # [B, T]
     weight = truncated_is_weight(x.old_logp.to(x.logp_new), engine_logp, own_tokens, cap=cap)  # [B, T]
-    if bool(own_tokens.any()):
-        metrics["rollout_is/weight_mean"] = weight[own_tokens].mean()
-        metrics["rollout_is/capped_frac"] = (weight[own_tokens] >= cap).float().mean()
+    if x.present["self"]:
+        metrics["rollout_is/weight_mean"] = _masked_mean(weight, own_tokens)
+        metrics["rollout_is/capped_frac"] = _masked_mean((weight >= cap).float(), own_tokens)
     return weight
 
 
@@ -429,15 +456,14 @@ def _ppo_metrics(
     metrics: Metrics, part: str, ratio: Tensor, advantages: Tensor, select: Tensor, *, clip_low: float,
     clip_high: float
 ) -> None:
-    """Ratio stats and clip fractions of a PPO-clipped part. A response (or token) counts as clipped
-    low / high when the clip zeroes its gradient: r < 1 - clip_low with A < 0, r > 1 + clip_high with A > 0."""
-    if not bool(select.any()):
-        return
-    r, a = ratio.detach()[select], advantages.detach()[select]
+    """Ratio stats and clip fractions of a PPO-clipped part over the `select`ed responses (or tokens; at least
+    one). One counts as clipped low / high when the clip zeroes its gradient: r < 1 - clip_low with A < 0,
+    r > 1 + clip_high with A > 0."""
+    r, a = ratio.detach(), advantages.detach()
     low = (r < 1.0 - clip_low) & (a < 0)
     high = (r > 1.0 + clip_high) & (a > 0)
-    metrics.update(_ratio_stats(part, r))
-    metrics.update(_fractions(part, low, high))
+    metrics.update(_ratio_stats(part, r, select))
+    metrics.update(_fractions(part, low, high, select))
 
 
 def _ppo_nograd(ratio: Tensor, advantages: Tensor, *, clip_low: float, clip_high: float) -> Tensor:
@@ -446,24 +472,33 @@ def _ppo_nograd(ratio: Tensor, advantages: Tensor, *, clip_low: float, clip_high
     return ((r < 1.0 - clip_low) & (a < 0)) | ((r > 1.0 + clip_high) & (a > 0))
 
 
-def _nograd_metrics(metrics: Metrics, part: str, nograd: Tensor, select: Tensor, correct: Tensor) -> None:
-    """Per answer (correct / wrong) among the `select`ed rows: their count and the fraction without gradient."""
-    if not bool(select.any()):
+def _nograd_metrics(metrics: Metrics, part: str, nograd: Tensor, select: Tensor, correct: Tensor,
+                    present: Dict[str, bool]) -> None:
+    """Per answer (correct / wrong) among the `select`ed rows: their count and the fraction without gradient
+    (left out where there are none, as `present` says)."""
+    if not present[part]:
         return
     for answer, rows in (("correct", select & correct), ("wrong", select & ~correct)):  # [B], [B]
-        count = rows.sum()
-        metrics[f"count/{part}_{answer}"] = count.detach()
-        if bool(count > 0):
-            metrics[f"diag/{part}_nograd_frac_{answer}"] = nograd[rows].float().mean()
+        metrics[f"count/{part}_{answer}"] = rows.sum().detach()
+        if present[f"{part}_{answer}"]:
+            metrics[f"diag/{part}_nograd_frac_{answer}"] = _masked_mean(nograd.float(), rows)
 
 
-def _ratio_stats(part: str, r: Tensor) -> Metrics:
-    return {f"ratio/{part}_mean": r.mean(), f"ratio/{part}_min": r.min(), f"ratio/{part}_max": r.max()}
+def _masked_mean(values: Tensor, select: Tensor) -> Tensor:
+    """The mean of `values` where `select` (same shape; at least one), without indexing by the mask (whose
+    result's size a GPU would have to report back first)."""
+    return torch.where(select, values, torch.zeros_like(values)).sum() / select.sum()
 
 
-def _fractions(part: str, low: Tensor, high: Tensor) -> Metrics:
+def _ratio_stats(part: str, r: Tensor, select: Tensor) -> Metrics:
+    inf = torch.full_like(r, float("inf"))
+    return {f"ratio/{part}_mean": _masked_mean(r, select), f"ratio/{part}_min": torch.where(select, r, inf).amin(),
+            f"ratio/{part}_max": torch.where(select, r, -inf).amax()}
+
+
+def _fractions(part: str, low: Tensor, high: Tensor, select: Tensor) -> Metrics:
     return {
-        f"clip/{part}_low_frac": low.float().mean(),
-        f"clip/{part}_high_frac": high.float().mean(),
-        f"clip/{part}_frac": (low | high).float().mean(),
+        f"clip/{part}_low_frac": _masked_mean(low.float(), select),
+        f"clip/{part}_high_frac": _masked_mean(high.float(), select),
+        f"clip/{part}_frac": _masked_mean((low | high).float(), select),
     }
