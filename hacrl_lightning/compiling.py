@@ -9,7 +9,7 @@ distinct lengths, so few recompiles) and runs the output layer's chunks through 
 (`agents.agent.head_logprobs`). Compile before FSDP2 shards the blocks, and after the KL reference is copied from
 its policy (a deep copy of a compiled block would call the original's forward). `compile_metrics` reads torch's
 own counters: the graphs compiled (recompiles included) and the seconds spent compiling, which
-`callbacks/timing.py` keeps out of the step's clock.
+`callbacks/timing.py` keeps out of the step's clock, from the step's start (its rollout's compile included).
 
 Deliberately not here: generation (the engines run eager: `rollout/hf.py` under `torch.compiler.set_stance`, vLLM its
 own model), the embedding, final norm and optimizer step (not compiled), and CUDA graphs.
@@ -48,7 +48,12 @@ def compile_agent(agent: Agent, *, backend: str = "inductor") -> int:
 
 def compile_seconds() -> float:
     """Seconds torch has spent compiling in this process so far: dynamo's captures with their forward compiles,
-    and the backward compiles (which inductor runs at the first backward)."""
+    and the backward compiles (which inductor runs at the first backward). 0.0 before anything imported dynamo
+    (nothing compiled), without importing it: the DataModule reads it at every step's start."""
+    import sys
+
+    if "torch._dynamo.utils" not in sys.modules:
+        return 0.0
     from torch._dynamo.utils import compilation_time_metrics
 
     return float(sum(sum(compilation_time_metrics.get(key, ())) for key in COMPILE_TIME_KEYS))

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from hacrl_lightning.agents.agent import Agent
 from hacrl_lightning.collective import answer_key
+from hacrl_lightning.compiling import compile_seconds
 from hacrl_lightning.exchange import AgentView, Rollout, make_rollouts, view_for
 from hacrl_lightning.config import DataConfig, RolloutConfig
 from hacrl_lightning.data.filters import drop_overlong_prompts, keep_fitting, prompt_lengths
@@ -311,6 +312,7 @@ class RolloutDataModule(pl.LightningDataModule):
         n = len(self.names)
         self._phase("rollout")
         start = started = time.perf_counter()
+        compile_started = compile_seconds()
         generations = self.generate(examples, step=step, n=group)
         rollout_s = time.perf_counter() - start
 
@@ -336,7 +338,8 @@ class RolloutDataModule(pl.LightningDataModule):
         views = self._views(examples, rollouts)
         exchange_s = time.perf_counter() - start
         return StepBatch(examples, rollouts, rewards, views, reward_stats,
-                         {"rollout": rollout_s, "reward": reward_s, "exchange": exchange_s}, step=step, started=started)
+                         {"rollout": rollout_s, "reward": reward_s, "exchange": exchange_s}, step=step, started=started,
+                         compile_started=compile_started)
 
     def _stop_if_a_reward_always_fails(self, step: int, stats: dict[str, int]) -> None:
         """A reward (a term, or the whole call: time-outs and crashes) that failed on every response of the step,

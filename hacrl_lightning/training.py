@@ -178,6 +178,8 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
         for agent in [*module.agents.values(), *module.references.values()]:
             compile_agent(agent)
         roles["timer"].compiled = True  # the compile's seconds kept out of the step's clock
+    if cfg.rollout.backend == "hf" and compile_wanted(cfg.rollout.hf_compile, cfg.trainer.accelerator):
+        roles["timer"].compiled = True  # the decode step's compile (rollout.hf_compile) too
     return module, datamodule, callbacks, roles
 
 

@@ -110,3 +110,37 @@ def test_the_setting_and_its_clock():
     assert timer.compile_s > 0 and module.reported["time/compile"] == pytest.approx(timer.compile_s)
     assert module.reported["compile/graphs"] >= 1 and timer.steps == 1 and timer.train_s >= 0
     assert StepTimer().state_dict()["compile_s"] == 0.0
+
+
+def test_a_compile_in_the_step_s_rollout_is_kept_out_of_its_clock_too():
+    """The rollout's compile (`rollout.hf_compile`'s decode step) runs in the DataModule, before the module's hooks:
+    the step's batch carries torch's compile seconds at its start (`StepBatch.compile_started`), and the timer
+    counts from there."""
+    import time
+    from types import SimpleNamespace
+
+    from hacrl_lightning.compiling import compile_seconds
+
+    reported = {}
+    module = SimpleNamespace(report=reported.update)
+    torch._dynamo.reset()
+    step = SimpleNamespace(started=time.perf_counter(), compile_started=compile_seconds())  # the DataModule's start
+    torch.compile(lambda x: x.cos() * 2, backend="eager")(torch.ones(3))                    # the rollout compiles
+    compiled_in_rollout = compile_seconds() - step.compile_started
+    timer = StepTimer(compiled=True)
+    timer.on_train_batch_start(None, module, step, 0)
+    timer.on_train_batch_end(None, module, None, step, 0)
+    assert compiled_in_rollout > 0 and timer.compile_s == pytest.approx(compiled_in_rollout)
+    assert reported["time/compile"] == pytest.approx(compiled_in_rollout)
+
+
+def test_the_timer_counts_compiles_where_the_transformers_engine_compiles_its_decode_step(tmp_path, zoo_cache):
+    from hacrl_lightning.training import build_system
+
+    def timer_compiled(*overrides):
+        cfg, _ = compose_config(["agents=[tiny_a,tiny_b]", "trainer.steps=1", f"zoo_cache={zoo_cache}",
+                                 f"run_dir={tmp_path}", "trainer.compile=false", *overrides])
+        return build_system(cfg, tmp_path)[3]["timer"].compiled
+
+    assert timer_compiled("rollout.hf_cache=static", "rollout.hf_compile=true")
+    assert not timer_compiled("rollout.hf_cache=static", "rollout.hf_compile=false")

@@ -7,8 +7,9 @@ Held-out evaluation runs inside `on_train_batch_end` callbacks, so a step's wall
 from `on_train_batch_start` to the *start* of the evaluation would need ordering guarantees;
 instead this callback is placed before the evaluation callback and stops its clock at
 `on_train_batch_end`, which Lightning calls on callbacks in list order. Its state is checkpointed,
-so the totals survive a resume. Under `trainer.compile` the seconds torch spends compiling during a step
-(`compiling.compile_seconds`, the first steps and each recompile) are kept out of the step's clock, in `compile_s`,
+so the totals survive a resume. Under `trainer.compile` or `rollout.hf_compile` the seconds torch spends compiling
+during a step, its rollout included (`compiling.compile_seconds` from `StepBatch.compile_started`: the first steps
+and each recompile) are kept out of the step's clock, in `compile_s`,
 and each step reports `time/compile` and `compile/graphs` (`compiling.compile_metrics`). Deliberately not here:
 per-phase timings (the module logs `time/*` per step) and evaluation time (not measured: the run clock includes it).
 """
@@ -47,10 +48,12 @@ class StepTimer(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # the step began when the DataModule started making it (its rollouts), before this hook
         self._start = getattr(batch, "started", None) or time.perf_counter()
-        if self.compiled:
+        if self.compiled:  # from the step's start: the rollout's compile (rollout.hf_compile) is not the step's
             from hacrl_lightning.compiling import compile_seconds
 
-            self._compile_start = compile_seconds()
+            self._compile_start = getattr(batch, "compile_started", None)
+            if self._compile_start is None:
+                self._compile_start = compile_seconds()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._start is not None:
