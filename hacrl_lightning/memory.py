@@ -627,7 +627,8 @@ LARGER_PASSES_HEADROOM = 0.9
 
 def learner_rows(cfg: TrainConfig) -> int:
     """The rows of one learner's mini-batch on one rank: its prompts' own responses and every partner's (or
-    `algorithm.cross_samples_per_prompt` of each), the prompts split over the data-parallel ranks."""
+    `algorithm.cross_samples_per_prompt` of each), the prompts split over the data-parallel ranks (under
+    `trainer.placement=split` not split: an upper bound, which only caps the passes `larger_passes` proposes)."""
     from hacrl_lightning.config import parse_cross_samples
 
     own = cfg.responses_per_prompt
