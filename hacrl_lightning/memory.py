@@ -7,7 +7,8 @@ device holds them whole), the frozen KL reference (`algorithm.kl_coef > 0`), the
 all-gathers in the compute dtype, the activation and logits peak of one micro-batch at the maximum
 lengths (with and without gradient checkpointing), and the rollout engine: vLLM's bf16 weights, the KV
 cache its memory share leaves and how many maximum-length sequences that holds (or, for `rollout=hf`,
-the KV cache of one generation chunk). `fixes(...)` ranks the changes that would make a run fit.
+the KV cache of one generation chunk). `fixes(...)` ranks the changes that would make a run fit;
+`larger_passes(...)` proposes, for a run that fits with room, the largest passes that still fit.
 
 The architectures come from architecture.py (`architecture_of`, `run_architectures`: each agent's
 config.json, read offline without loading the model); this module only plans with them.
@@ -626,16 +627,13 @@ LARGER_PASSES_HEADROOM = 0.9
 
 
 def learner_rows(cfg: TrainConfig) -> int:
-    """The rows of one learner's mini-batch on one rank: its prompts' own responses and every partner's (or
-    `algorithm.cross_samples_per_prompt` of each), the prompts split over the data-parallel ranks (under
-    `trainer.placement=split` not split: an upper bound, which only caps the passes `larger_passes` proposes)."""
-    from hacrl_lightning.config import parse_cross_samples
-
-    own = cfg.responses_per_prompt
-    cap = parse_cross_samples(cfg.algorithm.cross_samples_per_prompt)
-    per_prompt = own + (len(cfg.agents) - 1) * (own if cap is None else min(cap, own))
+    """The rows of one learner's mini-batch on its most loaded rank: a mini-batch holds `trainer.mini_batch_prompts`
+    x G rows (`training.update_settings`; partners' rows make more mini-batches, not larger ones), split over the
+    data-parallel ranks with the first ones taking the odd row (`plan.split_even`). Under `trainer.placement=split`
+    not split: an upper bound, which only caps the passes `larger_passes` proposes."""
+    size = (cfg.trainer.mini_batch_prompts // cfg.algorithm.rollout_multiplier) * cfg.responses_per_prompt
     ranks = 1 if cfg.trainer.placement == "split" else cfg.trainer.world_size
-    return max(1, cfg.trainer.mini_batch_prompts // ranks) * per_prompt
+    return max(1, math.ceil(size / ranks))
 
 
 def larger_passes(cfg: TrainConfig, architectures: Mapping[str, Architecture], gpu_bytes: int) -> Optional[dict]:

@@ -59,7 +59,7 @@ class StepBatch:
     """The training step (0-based)."""
     started: float = 0.0
     """`time.perf_counter()` when the DataModule began making this step: where its clock starts (`StepTimer`)."""
-    compile_started: float = 0.0
+    compile_started: Optional[float] = None
     """torch's compile seconds so far (`compiling.compile_seconds`) when the DataModule began making this step: what
     `StepTimer` keeps out of the step's clock counts from here, the rollout's compile (`rollout.hf_compile`) too."""
     omega: Optional[torch.Tensor] = None                                             # [n, n]

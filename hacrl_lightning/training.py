@@ -178,7 +178,9 @@ def build_system(cfg: TrainConfig, run_dir: Path, *, started: float | None = Non
         for agent in [*module.agents.values(), *module.references.values()]:
             compile_agent(agent)
         roles["timer"].compiled = True  # the compile's seconds kept out of the step's clock
-    if cfg.rollout.backend == "hf" and compile_wanted(cfg.rollout.hf_compile, cfg.trainer.accelerator):
+    decode = str(cfg.rollout.hf_compile).lower()  # as `rollout.hf.decode_compiled` decides: `auto` not when sharded
+    if cfg.rollout.backend == "hf" and cfg.rollout.hf_cache == "static" and \
+            compile_wanted(decode, cfg.trainer.accelerator) and (decode != "auto" or cfg.trainer.strategy != "fsdp"):
         roles["timer"].compiled = True  # the decode step's compile (rollout.hf_compile) too
     return module, datamodule, callbacks, roles
 

@@ -279,8 +279,7 @@ def test_rows_present_by_hand():
 
     mask = torch.tensor([[True, False], [False, False], [True, True]])  # row 1 has no token
     is_own = torch.tensor([True, False, False])
-    assert rows_present(mask, is_own) == {"self": True, "cross": True, "self_correct": False, "self_wrong": False,
-                                          "cross_correct": False, "cross_wrong": False}
+    assert rows_present(mask, is_own) == {"self": True, "cross": True}
     rewards = torch.tensor([0.0, 1.0, 1.0])  # the empty partner row's reward counts for nothing
     assert rows_present(mask, is_own, rewards) == {"self": True, "cross": True, "self_correct": False,
                                                    "self_wrong": True, "cross_correct": True, "cross_wrong": False}
@@ -312,6 +311,8 @@ def test_with_the_host_s_presence_the_loss_reads_nothing_back(case):
     given, given_metrics = hacpo_loss(**settings, logp_new=logp.clone().requires_grad_(True), present=present, **inputs)
     assert torch.equal(loss, given) and given_metrics.keys() == metrics.keys()
     assert all(torch.equal(metrics[key], given_metrics[key]) for key in metrics)
+    with pytest.raises(ValueError, match="rows_present"):  # given rewards, a presence computed without them
+        hacpo_loss(**settings, logp_new=logp, present=rows_present(mask, is_own), **inputs)
     meta = {key: value.to("meta") if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}
     meta_loss, meta_metrics = hacpo_loss(**settings, logp_new=logp.to("meta").requires_grad_(True), present=present,
                                          **meta)

@@ -144,3 +144,5 @@ def test_the_timer_counts_compiles_where_the_transformers_engine_compiles_its_de
 
     assert timer_compiled("rollout.hf_cache=static", "rollout.hf_compile=true")
     assert not timer_compiled("rollout.hf_cache=static", "rollout.hf_compile=false")
+    assert not timer_compiled("rollout.hf_cache=static")  # auto: off without CUDA, as the engine decides
+    assert not timer_compiled()                           # the dynamic cache compiles nothing

@@ -235,9 +235,11 @@ def test_a_learner_s_mini_batch_rows_by_hand():
         return learner_rows(compose_config(["agents=[tiny_a,tiny_b,tiny_c]", "data.prompts_per_step=16",
                                             "trainer.mini_batch_prompts=8", "rollout.group_size=4", *overrides])[0])
 
-    assert rows() == 8 * (4 + 2 * 4)                                      # own 4 + two partners' 4 per prompt
-    assert rows("algorithm.cross_samples_per_prompt=2") == 8 * (4 + 2 * 2)  # two of each partner's
-    assert rows("trainer=fsdp", "trainer.devices=2") == 4 * (4 + 2 * 4)     # the prompts split over 2 ranks
+    assert rows() == 8 * 4                                     # 8 prompts x G 4; partners' rows: more mini-batches
+    assert rows("algorithm.cross_samples_per_prompt=2") == 8 * 4
+    assert rows("trainer=fsdp", "trainer.devices=2") == 8 * 4 // 2  # split over 2 ranks
+    assert rows("trainer=fsdp", "trainer.devices=3") == 11          # 32 rows as 11 + 11 + 10
+    assert rows("algorithm=gspo_x2", "rollout.group_size=2") == 8 // 2 * 4  # 2G responses, half the prompts
 
 
 def test_with_room_plan_proposes_the_largest_passes_that_fit_and_what_it_says_plans_as_said(script_main, capsys,

@@ -171,7 +171,8 @@ class LossInputs:
 
 
 def rows_present(loss_mask: Tensor, is_own: Tensor, rewards: Optional[Tensor] = None) -> Dict[str, bool]:
-    """`PRESENCE` -> whether the batch holds such rows, read to the host in one copy. `hacpo_loss` takes it as
+    """`PRESENCE` -> whether the batch holds such rows (the correct / wrong kinds only with `rewards`), read to the
+    host in one copy. `hacpo_loss` takes it as
     `present=` computed from the host's copies of `loss_mask`, `is_own` and `rewards` (the caller built the batch
     there), so on a GPU its branches wait for nothing; without it, it computes it here (one synchronisation)."""
     valid = loss_mask.bool().any(dim=-1)  # [B]
@@ -181,7 +182,7 @@ def rows_present(loss_mask: Tensor, is_own: Tensor, rewards: Optional[Tensor] = 
         correct = rewards.to(valid.device) > 0  # [B]
         kinds += [own & correct, own & ~correct, cross & correct, cross & ~correct]
     values = torch.stack([k.any() for k in kinds]).tolist()
-    return {key: (bool(values[i]) if i < len(values) else False) for i, key in enumerate(PRESENCE)}
+    return {key: bool(value) for key, value in zip(PRESENCE, values)}
 
 
 def hacpo_loss(
@@ -257,6 +258,10 @@ def hacpo_loss(
     """
     s = loss_settings(**settings)
     present = rows_present(loss_mask, is_own, rewards) if present is None else dict(present)
+    needed = PRESENCE if rewards is not None else PRESENCE[:2]
+    if not set(needed) <= set(present):
+        raise ValueError(f"present= lacks {sorted(set(needed) - set(present))}: compute it with "
+                         "rows_present(loss_mask, is_own, rewards), the rewards included when the loss is given them")
     x = _inputs(logp_new, loss_mask, advantages, is_own, cross_lower=cross_lower, old_logp_mean=old_logp_mean,
                 old_logp=old_logp, omega_factor=omega_factor, rewards=rewards, present=present)
     loss_mat, metrics = RATIO_TERMS[s.ratio_level](x, s)  # [B, T]
