@@ -45,8 +45,9 @@ def test_every_part_runs_and_the_reports_say_so(tiny_check):
         {"Qwen/Qwen3-1.7B", "meta-llama/Llama-3.2-1B-Instruct"}
 
 
-@pytest.mark.parametrize("part, steps", [("single", TINY.steps), ("offload", FSDP_STEPS), ("fsdp", FSDP_STEPS),
-                                         ("lora", FSDP_STEPS), ("profile", PROFILE_STEPS)])
+@pytest.mark.parametrize("part, steps", [("single", TINY.steps), ("tuned", gpu_check.TUNED_STEPS),
+                                         ("offload", FSDP_STEPS), ("fsdp", FSDP_STEPS), ("lora", FSDP_STEPS),
+                                         ("profile", PROFILE_STEPS)])
 def test_training_parts_do_the_planned_work(tiny_check, part, steps):
     _, report, _ = tiny_check
     result = report["parts"][part]
@@ -216,3 +217,18 @@ def test_the_sync_part_checks_each_transport_on_this_machine(tiny_check):
         assert not row["mismatched"] and not row["not_loaded"]
     assert sync["transports"]["host"]["transport"] == "host" and sync["transports"]["host"]["buckets"] > 2
     assert "| host |" in md and "| file |" in md
+
+
+def test_the_tuned_part_runs_the_plan_s_larger_passes_and_reads_the_first_step_without_its_compile(tiny_check):
+    """`tuned`: from passes of one row, the plan proposes a whole mini-batch's rows (2 prompts x G 2 = 4) and the
+    part trains with them; each step's compile seconds are kept (0 here: --tiny stays eager) and the first step is
+    read without them."""
+    _, report, md = tiny_check
+    tuned = report["parts"]["tuned"]
+    assert tuned["tuned"]["compile"] is False  # --tiny: eager
+    assert tuned["tuned"]["passes"]["overrides"] == [f"trainer.micro_batch_size={TINY.mini_batch_prompts * TINY.group}"]
+    assert "trainer.micro_batch_size=4" in tuned["config"] and len(tuned["steps"]) == gpu_check.TUNED_STEPS
+    assert tuned["compile_s_by_step"] == [0.0] * gpu_check.TUNED_STEPS
+    fig = tuned["figures"]
+    assert fig["first_step_over_later_without_compile"] == pytest.approx(fig["first_step_s"] / fig["step_s"], rel=2e-2)
+    assert "tuned: trainer.compile false, passes trainer.micro_batch_size=4" in md

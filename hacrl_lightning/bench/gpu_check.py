@@ -24,6 +24,9 @@ A lent GPU comes rarely and for minutes (docs/GPU.md), so nothing is written the
   peak `torch.cuda.max_memory_allocated` of each phase against the memory plan's figure for the same
   configuration (`memory.plan_memory`); and, at the first step, each learner's first micro-batch loss and
   gradient under bf16 autocast against the same in fp32 on the same weights (the drift).
+- `tuned`: `single` as a GPU user runs it: `trainer.compile=true` and the passes `scripts/plan.py` proposes for this
+  GPU (`memory.larger_passes`, from a micro-batch of one row under `--tiny`), `TUNED_STEPS` steps; the compile's
+  seconds of each step apart (`compile_s_by_step`), so the first step can be read without them (`--tiny`: eager).
 - `bare`: a plain transformers loop at `single`'s settings for each built agent (`part_bare`): the update's
   ceiling without the framework; the report gives `single`'s update TFLOP/s over it (`update_over_bare`).
 - `profile`: `single`'s settings for `PROFILE_STEPS` steps under `torch.profiler` (`step_profile`): each step's
@@ -95,9 +98,10 @@ the memory plan gives 63.7 GiB at micro-batch 8, the first run measured a 60.8 G
 TINY = Size(prompts=2, group=2, prompt_len=128, response_len=8, micro_batch=4, mini_batch_prompts=2,
             generation_batch=8, steps=3)
 
-PARTS = ("env", "build", "single", "bare", "compile", "profile", "varied", "lora", "fsdp", "sync", "offload")
-LIMITS_S = {"env": 90, "build": 120, "single": 260, "bare": 120, "compile": 240, "profile": 200, "varied": 200,
-            "lora": 200, "fsdp": 200, "sync": 150, "offload": 200}
+PARTS = ("env", "build", "single", "bare", "compile", "tuned", "profile", "varied", "lora", "fsdp", "sync",
+         "offload")
+LIMITS_S = {"env": 90, "build": 120, "single": 260, "bare": 120, "compile": 240, "tuned": 330, "profile": 200,
+            "varied": 200, "lora": 200, "fsdp": 200, "sync": 150, "offload": 200}
 """Each part's own limit on a GPU (the check's `--budget-s` caps them all); `--tiny` gives each 600 s."""
 BUDGET_S = 450.0
 """The whole check's default time on a GPU: a lent device has 15 minutes in all, its start included, and a
@@ -458,7 +462,15 @@ def part_fsdp(args) -> dict:
     return train_part(args, fsdp=True, drift=False)
 
 
-TRAINING_PARTS = ("single", "varied", "profile", "lora", "offload", "fsdp")
+def part_tuned(args) -> dict:
+    return train_part(args, fsdp=False, drift=False, tuned=True)
+
+
+TUNED_STEPS = 3
+"""`tuned`: the first step (compiling: inductor's graphs of each agent's blocks, with and without grad) and two
+after it, whose median is the acceptance's update MFU."""
+
+TRAINING_PARTS = ("single", "tuned", "varied", "profile", "lora", "offload", "fsdp")
 """The parts that train (`train_part`): step figures for each."""
 
 FSDP_STEPS = 2
@@ -530,10 +542,10 @@ PROFILE_TOP = 15
 
 
 def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bool = False,
-               profile: bool = False, varied: bool = False) -> dict:
+               profile: bool = False, varied: bool = False, tuned: bool = False) -> dict:
     """`size.steps` fixed-length HACPO steps as `train()` builds them (`bench.step.instrument`), with each
     phase's time, tokens and peak memory, the plan's figures for the same configuration, and (`drift`) the
-    bf16/fp32 drift of each learner's first micro-batch."""
+    bf16/fp32 drift of each learner's first micro-batch. `tuned`: compiled, with the plan's larger passes."""
     import lightning.pytorch as pl
     import torch
 
@@ -541,9 +553,15 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bo
     from hacrl_lightning.cli import compose_config
     from hacrl_lightning.training import build_system, build_trainer
 
-    steps = args.steps or (FSDP_STEPS if fsdp or offload or lora or varied else PROFILE_STEPS if profile else None)
+    steps = args.steps or (FSDP_STEPS if fsdp or offload or lora or varied else PROFILE_STEPS if profile else
+                           TUNED_STEPS if tuned else None)
     size = replace(TINY if args.tiny else FULL, **({"steps": steps} if steps else {}))
-    config = overrides(args, size, fsdp=fsdp, offload=offload, lora=lora, run=("run_profile" if profile else "run_varied" if varied else None))
+    if tuned and args.tiny:  # passes of one row, so that the plan has larger ones to propose
+        size = replace(size, micro_batch=1)
+    config = overrides(args, size, fsdp=fsdp, offload=offload, lora=lora, run=("run_profile" if profile else "run_varied" if varied else "run_tuned" if tuned else None))
+    proposal = None
+    if tuned:
+        config, proposal = tuned_config(config, tiny=args.tiny)
     cfg, _ = compose_config(config)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -557,6 +575,9 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bo
     drifts: dict = {}
     if drift:
         watch_drift(module, drifts)
+    compiled: list[float] = []
+    if tuned:
+        callbacks = [*callbacks, compile_clock(compiled)]
     first_clipped = watch_first_mini_batch(module)
     profiles: list = []
     if profile:
@@ -567,7 +588,9 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bo
         out = {"config": config, "size": asdict(size), "load_s": round(load_s, 2),
                "parameters": parameters, "steps": list(recorder.steps), "memory_gib_by_step": peaks,
                "plan_gib": plan, "drift": drifts, "own_clipped_at_first_mini_batch": first_clipped,
-               **({"profile": profiles} if profile else {})}
+               **({"profile": profiles} if profile else {}),
+               **({"tuned": {"compile": "trainer.compile=true" in config, "passes": proposal},
+                   "compile_s_by_step": [round(b - a, 3) for a, b in zip(compiled, compiled[1:])]} if tuned else {})}
         out["figures"] = figures(out, tflops=args.tflops)
         return out
 
@@ -585,6 +608,43 @@ def train_part(args, *, fsdp: bool, drift: bool, offload: bool = False, lora: bo
     out["peak_memory_gib"] = round(max((v for step in out["memory_gib_by_step"] for v in step.values()), default=0.0),
                                    3) if torch.cuda.is_available() else None
     return out
+
+
+def tuned_config(config: list[str], *, tiny: bool) -> tuple[list[str], dict | None]:
+    """`config` compiled (on a GPU; `--tiny` stays eager: inductor's CPU compile would take minutes) and with the passes
+    `memory.larger_passes` proposes for this GPU (None: none larger fits), and that proposal."""
+    from hacrl_lightning.architecture import run_architectures
+    from hacrl_lightning.cli import compose_config
+    from hacrl_lightning.memory import gpu_memory_bytes, larger_passes
+
+    if not tiny:
+        config = [("trainer.compile=true" if item == "trainer.compile=false" else item) for item in config]
+    cfg, _ = compose_config(config)
+    architectures, problems = run_architectures(cfg)
+    proposal = None if problems else larger_passes(cfg, architectures, gpu_memory_bytes(cfg)[0])
+    if proposal:
+        proposal = {**proposal, "total_gib": round(proposal.pop("total") / GIB, 3)}
+        keys = {item.split("=", 1)[0] for item in proposal["overrides"]}
+        config = [item for item in config if item.split("=", 1)[0] not in keys] + proposal["overrides"]
+    return config, proposal
+
+
+def compile_clock(marks: list):
+    """A Lightning callback (built here: this module imports no torch at its top) that appends torch's compile
+    seconds so far (`compiling.compile_seconds`) at the start of training and at the end of every step: their
+    differences are each step's compile seconds, the rollout's included."""
+    import lightning.pytorch as pl
+
+    from hacrl_lightning.compiling import compile_seconds
+
+    class _CompileClock(pl.Callback):
+        def on_train_start(self, *_) -> None:
+            marks.append(compile_seconds())
+
+        def on_train_batch_end(self, *_) -> None:
+            marks.append(compile_seconds())
+
+    return _CompileClock()
 
 
 def step_profile(profiles: list):
@@ -869,6 +929,10 @@ def figures(result: dict, *, tflops: float | None) -> dict:
            # three significant digits: a --tiny run's rates are thousandths of a TFLOP/s
            "update_tflops": float(f"{update_flops / max(med('update'), 1e-9) / 1e12:.3g}"),
            "old_logprobs_tflops": float(f"{old_flops / max(med('old_logprobs'), 1e-9) / 1e12:.3g}")}
+    compile_s = result.get("compile_s_by_step")
+    if compile_s:  # `tuned`: the first step read without its compile
+        out["first_step_over_later_without_compile"] = round((out["first_step_s"] - compile_s[0]) / max(out["step_s"],
+                                                                                                        1e-9), 3)
     padding = sorted({key for step in steps for key in step if "/perf/padding_frac/" in key})
     if padding:
         out["padding_frac"] = {key: round(med(key), 4) for key in padding}
@@ -979,6 +1043,13 @@ def markdown(report: dict) -> str:
                   f"{fig['old_logprobs_tflops']} TFLOP/s"]
         if fig.get("padding_frac"):
             lines.append("padding of the passes: " + ", ".join(f"{k} {v}" for k, v in fig["padding_frac"].items()))
+        if part.get("tuned"):
+            passes = part["tuned"]["passes"]
+            lines.append(f"tuned: trainer.compile {str(part['tuned']['compile']).lower()}, passes "
+                         + (f"{' '.join(passes['overrides'])} (plan {passes['total_gib']} GiB)" if passes else
+                            "as single's (none larger fits)")
+                         + f"; compile s by step {part.get('compile_s_by_step')}; first step without its compile over "
+                           f"a later one {fig.get('first_step_over_later_without_compile')}")
         if "memory_gib" in fig:
             lines.append(f"peak memory (GiB) {fig['memory_gib']} against the plan's {part['plan_gib'].get('phases')}: "
                          f"ratio {fig['memory_over_plan']}")
@@ -1118,7 +1189,7 @@ def main(argv=None) -> int:
 
 PART_FUNCTIONS = {"env": part_env, "build": part_build, "sync": part_sync, "single": part_single,
                   "fsdp": part_fsdp, "offload": part_offload, "bare": part_bare, "lora": part_lora,
-                  "profile": part_profile, "compile": part_compile, "varied": part_varied}
+                  "profile": part_profile, "compile": part_compile, "varied": part_varied, "tuned": part_tuned}
 
 
 if __name__ == "__main__":
